@@ -1,0 +1,63 @@
+"""`lab report`: the project's main job (see :mod:`lab.report.pipeline`)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+DESCRIPTION = """\
+Execute every notebook in notebooks/ (sorted) through papermill with its report parameters,
+write the executed notebook and an HTML page that renders fully offline (plotly inlined, no CDN
+scripts) into reports/, static PNGs of key figures (kaleido + Chromium, when present) and
+reports/index.html with one card per notebook: its headline numbers and wall time.
+
+A notebook declares its parameter profiles in its metadata ("continual-lab" -> "params" ->
+"report"/"smoke"); see lab.report.params. A failing notebook is still rendered (with the
+failing cell marked), the others still run, and the command exits with status 1.
+"""
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    from lab.report.params import ParamsError, parse_override
+    from lab.report.pipeline import render
+
+    try:
+        overrides = dict(parse_override(p) for p in args.parameter)
+        results = render(args.notebooks, args.out, profile=args.params, only=args.only,
+                         overrides=overrides, png=not args.no_png, kernel=args.kernel,
+                         timeout=args.timeout)
+    except ParamsError as exc:
+        print(f"lab report: {exc}", file=sys.stderr)
+        return 2
+    failed = [r for r in results if not r.ok]
+    for r in failed:
+        where = f" at In [{r.failed_cell}]" if r.failed_cell is not None else ""
+        print(f"\nFAILED {r.name}{where}: {r.error}", file=sys.stderr)
+        if r.failed_source:
+            print("  " + r.failed_source.replace("\n", "\n  "), file=sys.stderr)
+    out = args.out or "reports"
+    total = sum(r.seconds for r in results)
+    print(f"\n{len(results) - len(failed)}/{len(results)} notebooks ok in {total:.0f} s; "
+          f"open {out}/index.html")
+    return 1 if failed else 0
+
+
+def register(subparsers) -> None:
+    """Add the ``report`` subcommand to the ``lab`` CLI."""
+    p = subparsers.add_parser(
+        "report", help="render every notebook into offline HTML reports (the main job)",
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", action="append", metavar="NAME",
+                   help="render only this notebook (name with or without .ipynb; repeatable)")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: <repo>/reports)")
+    p.add_argument("--params", choices=("report", "smoke"), default="report",
+                   help="parameter profile: report-sized (default) or the tests' smoke size")
+    p.add_argument("-p", "--parameter", action="append", default=[], metavar="NAME=VALUE",
+                   help="override one parameter in every rendered notebook (VALUE read as JSON "
+                        "when it parses, else as a string; repeatable)")
+    p.add_argument("--notebooks", metavar="DIR", help="folder of notebooks (default: <repo>/notebooks)")
+    p.add_argument("--no-png", action="store_true", help="skip the static PNG figures (faster)")
+    p.add_argument("--kernel", metavar="NAME",
+                   help="Jupyter kernel (default: continual-lab, else python3)")
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="fail a cell that runs longer than this (default: no limit)")
+    p.set_defaults(func=_cmd)

@@ -1,0 +1,152 @@
+"""``reports/index.html``: one card per notebook, read back from the executed notebooks.
+
+Everything on a card comes from ``reports/NAME.ipynb`` (and its ``NAME_figures/``), so the
+index can be rebuilt at any time and `lab report --only NAME` keeps the other cards.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from lab.report.notebook import METRICS_MIME, NOTES_FILE, _format
+from lab.report.params import METADATA_KEY
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def read_metrics(nb) -> dict[str, Any]:
+    """Headline numbers recorded with :func:`lab.report.record`, merged in cell order."""
+    metrics: dict[str, Any] = {}
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) or []:
+            data = out.get("data") or {}
+            if METRICS_MIME in data:
+                value = data[METRICS_MIME]
+                value = json.loads(value) if isinstance(value, str) else value
+                metrics.update(value.items() if isinstance(value, dict) else map(tuple, value))
+    return metrics
+
+
+def _title_and_summary(nb, fallback: str) -> tuple[str, str]:
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        lines = cell.source.splitlines()
+        title = next((ln.lstrip("#").strip() for ln in lines if ln.startswith("# ")), None)
+        body = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        summary = re.sub(r"[*_`]", "", " ".join(body[:3])).strip()
+        if len(summary) > 280:
+            summary = summary[:277].rsplit(" ", 1)[0] + "…"
+        return title or fallback, summary
+    return fallback, ""
+
+
+def read_card(ipynb: Path) -> dict[str, Any]:
+    """Card data for one executed notebook."""
+    import nbformat
+
+    nb = nbformat.read(ipynb, as_version=4)
+    name = ipynb.stem
+    meta = nb.metadata.get(METADATA_KEY, {}).get("report", {})
+    pm = nb.metadata.get("papermill", {})
+    title, summary = _title_and_summary(nb, name)
+    figures_dir = ipynb.with_name(f"{name}_figures")
+    notes = figures_dir / NOTES_FILE
+    return {
+        "name": name, "title": title, "summary": summary,
+        "ok": bool(meta.get("ok", not pm.get("exception", False))),
+        "seconds": meta.get("seconds", pm.get("duration")),
+        "profile": meta.get("profile"), "params": meta.get("params", pm.get("parameters", {})),
+        "rendered_at": meta.get("rendered_at", pm.get("end_time")),
+        "error": meta.get("error"), "failed_cell": meta.get("failed_cell"),
+        "failed_source": meta.get("failed_source"), "warnings": meta.get("warnings", []),
+        "metrics": read_metrics(nb),
+        "figures": sorted(p.name for p in figures_dir.glob("*.png")) if figures_dir.is_dir() else [],
+        "notes": notes.read_text(encoding="utf-8").splitlines() if notes.exists() else [],
+        "html": f"{name}.html", "ipynb": f"{name}.ipynb",
+    }
+
+
+_CSS = """
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2rem auto;max-width:72rem;
+padding:0 1rem;color:#1f2328;background:#f6f8fa}h1{margin-bottom:.2rem}.sub{color:#57606a;margin-top:0}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(22rem,1fr));gap:1rem}
+.card{background:#fff;border:1px solid #d0d7de;border-radius:8px;padding:1rem 1.2rem}
+.card h2{font-size:1.15rem;margin:.1rem 0 .3rem}.card h2 a{color:inherit}.name{font-family:monospace;color:#57606a}
+.badge{display:inline-block;border-radius:1rem;padding:0 .6rem;font-size:.8rem;font-weight:600;margin-right:.4rem}
+.ok{background:#dafbe1;color:#116329}.failed{background:#ffebe9;color:#a40e26}.missing{background:#eaeef2;color:#57606a}
+table{border-collapse:collapse;margin:.6rem 0}td,th{padding:.15rem .8rem .15rem 0;text-align:left}
+td{font-variant-numeric:tabular-nums}pre{background:#f6f8fa;padding:.5rem;overflow:auto;font-size:.8rem}
+.err{color:#a40e26;font-weight:600}.figs img{max-width:48%;border:1px solid #d0d7de;margin:.2rem .2rem 0 0}
+.links a{margin-right:.8rem}.meta{color:#57606a;font-size:.85rem}
+"""
+
+
+def _card_html(c: dict[str, Any]) -> str:
+    e = html.escape
+    if c.get("missing"):
+        return (f"<div class='card'><h2>{e(c['name'])}</h2><span class='badge missing'>not rendered</span>"
+                f"<p class='meta'>Run <code>lab report --only {e(c['name'])}</code>.</p></div>")
+    badge = "<span class='badge ok'>ok</span>" if c["ok"] else "<span class='badge failed'>failed</span>"
+    secs = f"{c['seconds']:.1f} s" if isinstance(c.get("seconds"), (int, float)) else "?"
+    parts = [f"<div class='card' id='{e(c['name'])}'>",
+             f"<h2><a href='{e(c['html'])}'>{e(c['title'])}</a></h2>",
+             f"<div class='name'>{e(c['name'])}.ipynb</div>",
+             f"<p>{badge}<span class='meta'>wall time {secs} · {e(str(c.get('profile') or '?'))} parameters"
+             f" · {e(str(c.get('rendered_at') or ''))}</span></p>"]
+    if c["summary"]:
+        parts.append(f"<p>{e(c['summary'])}</p>")
+    if c["metrics"]:
+        rows = "".join(f"<tr><th>{e(k)}</th><td>{e(_format(v))}</td></tr>" for k, v in c["metrics"].items())
+        parts.append(f"<table class='metrics'>{rows}</table>")
+    elif c["ok"]:
+        parts.append("<p class='meta'>No headline numbers recorded.</p>")
+    if not c["ok"]:
+        where = f" in cell In [{c['failed_cell']}]" if c.get("failed_cell") is not None else ""
+        parts.append(f"<p class='err'>Failed{e(where)}: {e(_ANSI.sub('', c.get('error') or 'unknown error'))}</p>")
+        if c.get("failed_source"):
+            parts.append(f"<pre class='failed-source'>{e(c['failed_source'])}</pre>")
+    for note in list(c["notes"]) + list(c["warnings"]):
+        parts.append(f"<p class='meta'>Note: {e(note)}</p>")
+    if c["figures"]:
+        figs = "".join(f"<a href='{e(c['name'])}_figures/{e(f)}'><img alt='{e(f)}' src='{e(c['name'])}_figures/{e(f)}'></a>"
+                       for f in c["figures"])
+        parts.append(f"<div class='figs'>{figs}</div>")
+    if c["params"]:
+        parts.append(f"<p class='meta'>parameters: <code>{e(json.dumps(c['params']))}</code></p>")
+    parts.append(f"<p class='links'><a href='{e(c['html'])}'>report (HTML)</a>"
+                 f"<a href='{e(c['ipynb'])}'>executed notebook</a></p></div>")
+    return "\n".join(parts)
+
+
+def write_index(out_dir: str | Path, notebooks_dir: str | Path | None = None) -> Path:
+    """Rebuild ``index.html`` and ``index.json`` in ``out_dir`` (atomically).
+
+    Cards follow the notebooks in ``notebooks_dir`` (sorted; a notebook not rendered yet gets a
+    placeholder) or, without it, the executed notebooks found in ``out_dir``.
+    """
+    from lab import __version__
+    from lab.report._fs import write_text
+
+    out_dir = Path(out_dir)
+    src = Path(notebooks_dir) if notebooks_dir else out_dir
+    names = sorted(p.stem for p in src.glob("*.ipynb") if not p.name.startswith("."))
+    cards = []
+    for name in names:
+        ipynb = out_dir / f"{name}.ipynb"
+        cards.append(read_card(ipynb) if ipynb.exists() else {"name": name, "missing": True})
+    n_ok = sum(1 for c in cards if c.get("ok"))
+    total = sum(c.get("seconds") or 0 for c in cards if not c.get("missing"))
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>continual-lab reports</title><style>{_CSS}</style></head><body>"
+            f"<h1>continual-lab reports</h1><p class='sub'>{n_ok} of {len(cards)} notebooks rendered without error"
+            f" · notebook wall time {total:.0f} s in all · index built {now} · lab {html.escape(__version__)}</p>"
+            f"<div class='grid'>{''.join(_card_html(c) for c in cards)}</div></body></html>")
+    write_text(out_dir / "index.json", json.dumps({"built_at": now, "notebooks": cards}, indent=1, default=str))
+    return write_text(out_dir / "index.html", page)

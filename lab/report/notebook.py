@@ -1,0 +1,175 @@
+"""Helpers a notebook calls so that `lab report` can render it offline and index it.
+
+Three calls, all cheap to import (plotly and kaleido load only when used)::
+
+    import lab.report as report
+    report.setup_notebook()                 # first code cell: offline plotly renderer
+    ...
+    report.save_png(fig, "accuracy_matrix") # optional: static PNG next to the rendered report
+    ...
+    report.record(avg_accuracy=acc, forgetting=fgt)   # last cell: the headline numbers
+
+``record`` displays an output with the MIME type :data:`METRICS_MIME` (a JSON list of
+``[name, value]`` pairs, in call order); the report index reads it back from the executed
+notebook with :func:`lab.report.index.read_metrics` (no scrapbook, no side files). ``save_png`` writes only while
+`lab report` (or the test suite) runs the notebook: the pipeline tells the kernel where through
+environment variables, and in a live JupyterLab session it does nothing.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import numbers
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+METRICS_MIME = "application/vnd.continual-lab.metrics+json"
+# Set by the pipeline in the kernel's environment (see lab.report.pipeline).
+FIGURES_ENV = "LAB_REPORT_FIGURES_DIR"  # folder the PNGs go to; unset = not under `lab report`
+PNG_ENV = "LAB_REPORT_PNG"  # "0" turns PNG export off (the smoke runs of the test suite)
+PROFILE_ENV = "LAB_REPORT_PROFILE"  # "report" or "smoke"
+NOTES_FILE = "_notes.txt"  # in the figures folder: why PNGs were skipped, shown in the index
+RENDERER = "plotly_mimetype+lab_offline"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_png_state: dict[str, Any] = {"disabled_reason": None, "server": False}
+
+
+def setup_notebook() -> None:
+    """Make plotly figures survive the HTML export with no network.
+
+    Sets the default renderer to ``plotly_mimetype`` (JupyterLab's own renderer) plus a copy of
+    plotly's ``notebook`` renderer that does not ask a CDN for MathJax, and emits plotly.js into
+    this cell's output now, once, so every later figure in the exported HTML finds it.
+    """
+    import plotly.io as pio
+    from plotly.io._base_renderers import NotebookRenderer
+
+    class _OfflineNotebookRenderer(NotebookRenderer):
+        # plotly's HTML renderers hard-code include_mathjax="cdn": one external <script> per figure.
+        def to_mimebundle(self, fig_dict):
+            bundle = super().to_mimebundle(fig_dict)
+            bundle["text/html"] = strip_plotly_mathjax(bundle["text/html"])
+            return bundle
+
+    pio.renderers["lab_offline"] = _OfflineNotebookRenderer()
+    pio.renderers.default = RENDERER
+    pio.renderers._activate_pending_renderers()  # inline plotly.js here, not in a widget's output
+
+
+_MATHJAX_TAG = re.compile(r'<script src="https?://[^"]*mathjax[^"]*"></script>', re.IGNORECASE)
+
+
+def strip_plotly_mathjax(text: str) -> str:
+    """Remove the MathJax CDN ``<script>`` plotly puts before each figure (only for LaTeX labels)."""
+    return _MATHJAX_TAG.sub("", text)
+
+
+def _coerce(key: str, value: Any) -> float | int | str:
+    if isinstance(value, bool):
+        raise TypeError(f"record({key}=...): a bool is not a headline number; pass 0/1 or a string")
+    if hasattr(value, "item") and getattr(value, "size", 1) == 1:  # numpy / torch scalars
+        value = value.item()
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"record({key}={value}): headline numbers must be finite")
+        return value
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"record({key}=...): expected a number or a string, got {type(value).__name__}")
+
+
+def _format(value: float | int | str) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def record(metrics: Mapping[str, Any] | None = None, /, **more: Any) -> None:
+    """Record headline numbers (finite numbers, or short strings for context) for the report index.
+
+    Call it in the notebook's last cell, e.g. ``record(avg_accuracy=0.83, seconds=t)``; several
+    calls are merged, a later value wins. Raises on NaN/inf so a broken metric fails the run.
+    """
+    data = {**(metrics or {}), **more}
+    if not data:
+        raise ValueError("record() needs at least one metric")
+    clean = {}
+    for key, value in data.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"record(): metric names must be non-empty strings, got {key!r}")
+        clean[key] = _coerce(key, value)
+    rows = "".join(
+        f"<tr><th style='text-align:left'>{html.escape(k)}</th><td>{html.escape(_format(v))}</td></tr>"
+        for k, v in clean.items()
+    )
+    bundle = {
+        METRICS_MIME: [[k, v] for k, v in clean.items()],  # pairs: nbformat sorts object keys
+        "text/html": f"<table class='lab-metrics'><caption>Headline numbers</caption>{rows}</table>",
+        "text/plain": "\n".join(f"{k}: {_format(v)}" for k, v in clean.items()),
+    }
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:  # plain Python: a marked line is the next best thing
+        get_ipython = None
+    if get_ipython is not None and get_ipython() is not None:
+        display(bundle, raw=True)
+    else:
+        print(f"{METRICS_MIME} {json.dumps(bundle[METRICS_MIME])}")
+
+
+def _note(folder: Path, text: str) -> None:
+    print(f"[lab.report] {text}", file=sys.stderr)
+    with open(folder / NOTES_FILE, "a", encoding="utf-8") as fh:
+        fh.write(text + "\n")
+
+
+def save_png(fig, name: str, *, width: int | None = None, height: int | None = None,
+             scale: float = 2.0) -> Path | None:
+    """Write ``fig`` as ``<name>.png`` beside the rendered report (kaleido 1.x + Chromium).
+
+    Only acts while `lab report` runs the notebook; returns the path written, or ``None`` when
+    not under the pipeline, when PNGs are turned off, or when no Chromium is found (then a note
+    is printed and shown in the report index instead of failing the notebook).
+    """
+    if not _NAME_RE.match(name.removesuffix(".png")):
+        raise ValueError(f"save_png: name {name!r} must be letters, digits, '_', '-', '.' (no folders)")
+    folder = os.environ.get(FIGURES_ENV)
+    if not folder or os.environ.get(PNG_ENV, "1") == "0":
+        return None
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if _png_state["disabled_reason"]:
+        return None
+    import kaleido
+    from kaleido.errors import ChromeNotFoundError
+
+    fig_dict = fig.to_dict() if hasattr(fig, "to_dict") else dict(fig)
+    layout = fig_dict.get("layout", {})
+    opts = dict(format="png", width=width or layout.get("width") or 900,
+                height=height or layout.get("height") or 540, scale=scale)
+    try:
+        if not _png_state["server"]:
+            # One Chromium for the kernel's lifetime: ~3 s to start, then ~0.5 s per figure.
+            kaleido.start_sync_server(mathjax=False, silence_warnings=True)
+            _png_state["server"] = True
+        data = kaleido.calc_fig_sync(fig_dict, opts=opts)
+    except ChromeNotFoundError:
+        _png_state["disabled_reason"] = "no Chromium found"
+        _note(folder, "PNG export skipped: no Chromium found (Debian: apt-get install chromium)")
+        return None
+    except Exception as exc:  # noqa: BLE001 - a PNG is a by-product; the HTML report still renders
+        _note(folder, f"PNG export of {name!r} failed: {type(exc).__name__}: {exc}")
+        return None
+    from lab._io import atomic_write
+
+    path = folder / (name.removesuffix(".png") + ".png")
+    return atomic_write(path, lambda p: p.write_bytes(data))

@@ -1,0 +1,256 @@
+"""`lab report`: execute each notebook with papermill, export offline HTML, rebuild the index.
+
+Per notebook ``NAME.ipynb`` the output folder gets (each written atomically, temp file + rename):
+
+* ``NAME.ipynb`` — the executed notebook (papermill metadata + ours under ``continual-lab.report``)
+* ``NAME.html`` — nbconvert's lab template minus every CDN script (see ``lab/templates/offline``)
+* ``NAME_figures/*.png`` — what the notebook passed to :func:`lab.report.save_png`
+* ``index.html`` / ``index.json`` — rebuilt after every notebook from the executed notebooks
+
+A failing notebook is still written and exported (papermill marks the failing cell), the others
+still run, and :func:`render` reports it; `lab report` then exits non-zero.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from lab.report import notebook as _nbh
+from lab.report._fs import readable, write_text
+from lab.report import params as _params
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATE = "offline"
+DEFAULT_KERNEL = "continual-lab"
+FIGURES_SUFFIX = "_figures"
+_EXTERNAL_RE = re.compile(
+    r"<(script|link|img|iframe|source|embed|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*[\"']?((?:https?:)?//[^\"'\s>]+)",
+    re.IGNORECASE)
+
+
+@dataclass
+class Result:
+    """What happened to one notebook."""
+    name: str
+    ok: bool
+    seconds: float
+    params: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None          # "ValueError: boom" (or why it could not run at all)
+    failed_cell: int | None = None    # execution count of the failing cell ("In [n]")
+    failed_source: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def repo_root() -> Path:
+    """The checkout ``lab`` was installed from when it has ``notebooks/``, else the working dir."""
+    here = Path(__file__).resolve().parents[2]
+    return here if (here / "notebooks").is_dir() else Path.cwd()
+
+
+def discover(notebooks_dir: Path, only: list[str] | None = None) -> list[Path]:
+    """Notebooks to render, sorted; ``only`` takes names with or without ``.ipynb``."""
+    found = sorted(p for p in Path(notebooks_dir).glob("*.ipynb") if not p.name.startswith("."))
+    if not only:
+        return found
+    by_name = {p.stem: p for p in found}
+    missing = [n for n in only if n.removesuffix(".ipynb") not in by_name]
+    if missing:
+        raise _params.ParamsError(f"no notebook named {missing} in {notebooks_dir}; available: {sorted(by_name)}")
+    return [by_name[n] for n in sorted({n.removesuffix(".ipynb") for n in only})]
+
+
+def kernel_name(preferred: str = DEFAULT_KERNEL) -> str:
+    """``preferred`` when installed (``make setup`` installs it), else ``python3``."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    specs = KernelSpecManager().find_kernel_specs()
+    if preferred in specs:
+        return preferred
+    logging.getLogger(__name__).warning(
+        "kernel %r is not installed (python -m ipykernel install --sys-prefix --name %s); using python3",
+        preferred, preferred)
+    return "python3"
+
+
+@contextmanager
+def _environ(**values: str):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def export_html(nb) -> tuple[str, list[str]]:
+    """Offline HTML for an executed notebook node, and the off-machine references left in it."""
+    import copy
+
+    from nbconvert import HTMLExporter
+
+    nb = copy.deepcopy(nb)
+    nb.metadata.pop("widgets", None)  # widget state only feeds a CDN widget manager
+    exporter = HTMLExporter(template_name=TEMPLATE, extra_template_basedirs=[str(TEMPLATES)])
+    body, _ = exporter.from_notebook_node(nb)
+    body = _nbh.strip_plotly_mathjax(body)  # from figures shown without setup_notebook()
+    external = sorted({m.group(2) for m in _EXTERNAL_RE.finditer(body)})
+    return body, [f"requests {url} (will not load offline)" for url in external]
+
+
+def _publish_dir(staging: Path, dest: Path) -> None:
+    """Replace ``dest`` by ``staging`` (two renames; the old copy is removed afterwards).
+
+    An empty ``staging`` (no PNGs this run) just removes ``dest``.
+    """
+    old = None
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        dest.rename(old)
+    if any(staging.iterdir()):
+        for f in staging.iterdir():
+            readable(f)
+        readable(staging).rename(dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _failure(nb) -> tuple[int | None, str | None, str | None]:
+    """(execution count, source, "Name: value") of the cell papermill marked as failed."""
+    for cell in nb.cells:
+        if cell.get("metadata", {}).get("papermill", {}).get("exception"):
+            err = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+            text = f"{err['ename']}: {err['evalue']}" if err else None
+            return cell.get("execution_count"), cell.get("source"), text
+    return None, None, None
+
+
+def _load_for_report(running: Path, src: Path, error: str | None):
+    """The executed notebook; else (it never ran) the source; else a stub that shows ``error``."""
+    import nbformat
+
+    for path in (running, src):
+        try:
+            if path.stat().st_size:
+                return nbformat.read(path, as_version=4)
+        except Exception:  # noqa: BLE001 - unreadable: fall through to the next candidate
+            continue
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_markdown_cell(f"# {src.stem}\n\nCould not run: `{error}`"))
+    return nb
+
+
+def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: dict | None = None,
+               png: bool = True, kernel: str | None = None, timeout: float | None = None) -> Result:
+    """Execute and export one notebook into ``out_dir``; never raises for a notebook's own error."""
+    import nbformat
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    from lab._io import atomic_write
+    from lab.report.index import read_metrics
+
+    src, name = Path(src), Path(src).stem
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    result = Result(name, True, 0.0)
+    try:
+        result.params = _params.resolve(src, profile, overrides)
+    except Exception as exc:  # noqa: BLE001 - bad JSON or parameters: a failed card, not a crash
+        result.ok, result.error = False, f"{type(exc).__name__}: {exc}"
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}{FIGURES_SUFFIX}.", dir=out_dir))
+    fd, running = tempfile.mkstemp(prefix=f".{name}.running-", suffix=".ipynb", dir=out_dir)
+    os.close(fd)
+    running = Path(running)
+    try:
+        env = {_nbh.FIGURES_ENV: str(staging), _nbh.PNG_ENV: "1" if png else "0",
+               _nbh.PROFILE_ENV: profile, "TQDM_DISABLE": os.environ.get("TQDM_DISABLE", "1")}
+        with _environ(**env):
+            try:
+                if result.ok:
+                    papermill.execute_notebook(
+                        str(src), str(running), parameters=result.params, language="python",
+                        kernel_name=kernel or kernel_name(), cwd=str(src.parent),
+                        progress_bar=False, log_output=False, start_timeout=120,
+                        execution_timeout=timeout)
+            except PapermillExecutionError as exc:
+                result.ok, result.failed_cell = False, exc.exec_count
+                result.failed_source, result.error = exc.source, f"{exc.ename}: {exc.evalue}"
+            except Exception as exc:  # noqa: BLE001 - dead kernel, timeout, bad notebook: report, go on
+                result.ok, result.error = False, f"{type(exc).__name__}: {exc}"
+        executed = time.perf_counter() - start
+        nb = _load_for_report(running, src, result.error)
+        if not result.ok and result.failed_source is None:
+            cell, source, err = _failure(nb)
+            if source is not None:
+                result.failed_cell, result.failed_source = cell, source
+                result.error = result.error or err
+        pm = nb.metadata.get("papermill")
+        if pm:  # papermill recorded our temp path
+            pm["input_path"], pm["output_path"] = str(src), str(out_dir / f"{name}.ipynb")
+        result.metrics = read_metrics(nb)
+        html, result.warnings = export_html(nb)
+        result.seconds = time.perf_counter() - start
+        nb.metadata.setdefault(_params.METADATA_KEY, {})["report"] = {
+            "profile": profile, "ok": result.ok, "seconds": round(result.seconds, 2),
+            "execute_seconds": round(executed, 2), "params": result.params, "error": result.error,
+            "failed_cell": result.failed_cell, "failed_source": result.failed_source,
+            "warnings": result.warnings,
+            "rendered_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        # The executed notebook goes last: the index is read from it.
+        _publish_dir(staging, out_dir / f"{name}{FIGURES_SUFFIX}")
+        write_text(out_dir / f"{name}.html", html)
+        atomic_write(out_dir / f"{name}.ipynb", lambda p: nbformat.write(nb, str(readable(p))))
+        return result
+    finally:
+        running.unlink(missing_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None = None, *,
+           profile: str = "report", only: list[str] | None = None, overrides: dict | None = None,
+           png: bool = True, kernel: str | None = None, timeout: float | None = None,
+           log: Callable[[str], None] = print) -> list[Result]:
+    """Render every notebook in ``notebooks_dir`` (default ``<repo>/notebooks``) into ``out_dir``.
+
+    Bad input (unknown ``only`` names, unknown parameters) raises :class:`ParamsError` before
+    any notebook runs. Notebook failures do not raise: check ``Result.ok``.
+    """
+    from lab.report.index import write_index
+
+    root = repo_root()
+    notebooks_dir = Path(notebooks_dir) if notebooks_dir else root / "notebooks"
+    out_dir = Path(out_dir) if out_dir else root / "reports"
+    sources = discover(notebooks_dir, only)
+    if not sources:
+        raise _params.ParamsError(f"no notebooks in {notebooks_dir}")
+    for src in sources:  # fail fast on bad parameters, before any kernel starts
+        _params.resolve(src, profile, overrides)
+    logging.getLogger("papermill").setLevel(logging.WARNING)
+    kernel = kernel or kernel_name()
+    results = []
+    for i, src in enumerate(sources, 1):
+        log(f"[{i}/{len(sources)}] {src.name} ({profile} parameters, kernel {kernel}) ...")
+        res = render_one(src, out_dir, profile=profile, overrides=overrides, png=png, kernel=kernel,
+                         timeout=timeout)
+        results.append(res)
+        numbers = "  ".join(f"{k}={_nbh._format(v)}" for k, v in res.metrics.items())
+        log(f"      {'ok' if res.ok else 'FAILED'} in {res.seconds:.1f} s  {numbers}".rstrip())
+        for w in res.warnings:
+            log(f"      warning: {w}")
+        write_index(out_dir, notebooks_dir)
+    return results
