@@ -1,0 +1,101 @@
+"""``lab tosca``: run a whole class-incremental scenario with TOSCA or a baseline, print the summary.
+
+Imports stay inside the handler, so ``lab --help`` does not load torch.
+"""
+from __future__ import annotations
+
+_METHODS = ("tosca", "simplecil", "finetune", "joint", "layerwise_adapter")
+_ROUTINGS = ("per-sample", "per-batch", "oracle")
+_EPILOG = """\
+methods:
+  tosca              one LuCA module per task on the frozen decision-point feature, entropy routing
+  simplecil          prototype cosine classifier on the frozen features (no training)
+  finetune           one linear head fine-tuned task after task (forgetting lower bound)
+  joint              a linear head trained on every class seen so far (upper bound)
+  layerwise_adapter  bottleneck adapters in every backbone block, trained on task 0, then
+                     prototypes (APER-adapter); runs the backbone, slow on a CPU
+
+routing (TOSCA is always evaluated under all three; --routing picks the headline row):
+  per-sample  each test image picks the module with the lowest softmax entropy (honest)
+  per-batch   the reference protocol: mean entropy over a batch of --per-batch-size test images in
+              class-ordered test order; ONE module per batch (leaks the task grouping)
+  oracle      the module of the image's true task (upper bound)
+
+modes:
+  cached   train on cached backbone features (no backbone pass during training; default)
+  augment  run the backbone every epoch on augmented images (random resized crop + flip), as the
+           reference does; slow, for comparison
+
+Results go to a new directory under $LAB_RUNS_DIR or ./runs/tosca/ (tables, summary.json, every
+task's module as safetensors). --resume DIR continues an interrupted run.
+
+example:
+  lab tosca --dataset fashion_mnist_mini --init 0 --inc 2 --method tosca --routing per-sample
+  lab tosca --dataset mnist_5k fashion_mnist_mini --inc 2 --seed 1994     # chained, 10 tasks
+"""
+
+
+def register(subparsers) -> None:
+    import argparse
+
+    p = subparsers.add_parser(
+        "tosca", help="TOSCA and baselines on a class-incremental scenario; prints the summary table",
+        description="Run a class-incremental scenario (B<init> Inc<inc>) with TOSCA or a baseline on a frozen "
+                    "backbone and print Ā, A_B, forgetting, BWT and routing accuracy.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", nargs="+", default=["fashion_mnist_mini"], metavar="D",
+                   help="dataset name(s); several are chained in the given order (default fashion_mnist_mini; "
+                        "see `lab datasets`)")
+    p.add_argument("--backbone", default="efficientnet_lite0", help="frozen backbone (default efficientnet_lite0; "
+                                                                    "see `lab backbones`)")
+    p.add_argument("--resolution", type=int, default=None, help="input resolution in px (default: the backbone's)")
+    p.add_argument("--init", type=int, default=0, help="classes in the first task; 0 = same as --inc (default 0)")
+    p.add_argument("--inc", type=int, default=2, help="classes per later task (default 2)")
+    p.add_argument("--seed", type=int, default=1993, help="class order and training seed (default 1993)")
+    p.add_argument("--method", default="tosca", choices=_METHODS, help="method (default tosca)")
+    p.add_argument("--routing", default="per-sample", choices=_ROUTINGS, help="headline routing (default per-sample)")
+    p.add_argument("--mode", default="cached", choices=("cached", "augment"), help="training mode (default cached)")
+    p.add_argument("--epochs", type=int, default=20, help="epochs per task (default 20, the reference)")
+    p.add_argument("--batch-size", type=int, default=48, help="training batch (default 48)")
+    p.add_argument("--lr", type=float, default=0.025, help="SGD learning rate, cosine to 1e-8 (default 0.025)")
+    p.add_argument("--l1", type=float, default=5e-4, help="L1 coefficient on the LuCA parameters (default 5e-4)")
+    p.add_argument("--ratio", type=int, default=16, help="LuCA bottleneck r = d // ratio (default 16)")
+    p.add_argument("--flow", default="tosca", choices=("tosca", "adapter", "calibrator", "tosca_r"),
+                   help="LuCA flow (default tosca; the others are the reference's ablations)")
+    p.add_argument("--per-batch-size", type=int, default=48, help="test batch of the per-batch protocol (default 48)")
+    p.add_argument("--device", default="cpu", help="device for the TOSCA modules (default cpu)")
+    p.add_argument("--runs-dir", default=None, help="runs root (default $LAB_RUNS_DIR or ./runs)")
+    p.add_argument("--resume", default=None, metavar="DIR", help="continue an interrupted run in DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_tosca)
+
+
+def cmd_tosca(args) -> int:
+    from .run import RunConfig, run
+
+    cfg = RunConfig(datasets=tuple(args.dataset), backbone=args.backbone, resolution=args.resolution, init=args.init,
+                    inc=args.inc, seed=args.seed, method=args.method, routing=args.routing, mode=args.mode,
+                    epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, l1=args.l1, ratio=args.ratio,
+                    flow=args.flow, per_batch_size=args.per_batch_size, device=args.device)
+    res = run(cfg, runs_root=args.runs_dir, resume=args.resume, progress=not args.quiet)
+    print(format_summary(res))
+    return 0
+
+
+def format_summary(res) -> str:
+    s = res.summary.copy()
+    cols = {"method": "method", "routing": "routing", "avg_inc_acc": "Ā", "last_acc": "A_B", "forgetting": "forget",
+            "bwt": "BWT", "routing_accuracy_last": "route_acc"}
+    s = s[list(cols)].rename(columns=cols)
+    t, info = res.info["seconds"], res.info
+    scale = info["head_scale_per_task"][-1]
+    lines = [f"{' + '.join(res.config.datasets)} B{res.config.init} Inc{res.config.inc} seed {res.config.seed}, "
+             f"{res.config.backbone}, {res.config.mode} mode, {info['num_tasks']} tasks",
+             s.to_string(index=False, float_format=lambda v: f"{v:.2f}"),
+             f"per-batch: batch {info['per_batch_size']}, order {info['per_batch_order']}" if "per-batch" in
+             info["routings"] else "",
+             f"trainable params: {info['trainable_params_total']:,} in all, per task {info['trainable_params_per_task']}",
+             f"head scale σ after the last task: {scale:.3f}" if scale is not None else "",
+             f"seconds: extraction {t['extraction']:.1f}, training {t['training']:.1f}, evaluation {t['evaluation']:.1f}",
+             f"run dir: {res.run_dir}"]
+    return "\n".join(l for l in lines if l)

@@ -1,0 +1,292 @@
+"""Run a whole class-incremental scenario with one method and record everything (issue 3).
+
+    >>> from lab.tosca.run import RunConfig, run
+    >>> res = run(RunConfig(datasets=("fashion_mnist_mini",), init=0, inc=2, method="tosca"))
+    >>> res.summary          # one row per routing: Ā, A_B, forgetting, BWT, routing accuracy
+
+Every run writes into its own directory (``lab.runs.new_run_dir``; two runs never collide):
+``config.json`` (written first), ``modules/task{t}.safetensors`` (that task's module + head, with a
+checksum sidecar) and ``stages/stage{t}.json`` (its evaluation) after every task, then the tidy
+tables (``summary``, ``stages``, ``matrix``, ``tasks``, ``epochs``; parquet) and ``summary.json``
+(full config, seed, versions, times, parameter counts). ``run(cfg, resume=run_dir)`` continues an
+interrupted run after its last finished task and gives the same numbers as an uninterrupted one
+(every task draws from its own seeded generator). Everything is validated before any work.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import metrics as M
+from .learner import ToscaConfig
+from .luca import check_flow
+from .methods import METHODS, MODES, ScenarioData, create
+from .routing import PER_BATCH_ORDER, ROUTINGS, check_routing, route
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    datasets: tuple[str, ...] = ("fashion_mnist_mini",)  # several = chained (a domain shift)
+    backbone: str = "efficientnet_lite0"
+    resolution: int | None = None  # None: the backbone's default
+    init: int = 0
+    inc: int = 2
+    seed: int = 1993  # class order and training, as PILOT
+    method: str = "tosca"
+    routing: str = "per-sample"  # the headline routing; TOSCA is evaluated under every routing
+    mode: str = "cached"
+    epochs: int = 20
+    batch_size: int = 48
+    lr: float = 0.025
+    l1: float = 5e-4
+    ratio: int = 16
+    flow: str = "tosca"
+    per_batch_size: int = 48  # the reference protocol's test batch
+    device: str = "cpu"
+    name: str = ""  # run-dir label; default "<method>-<datasets>-B<init>Inc<inc>-s<seed>"
+
+    def __post_init__(self):
+        ds = (self.datasets,) if isinstance(self.datasets, str) else tuple(self.datasets)
+        object.__setattr__(self, "datasets", ds)
+        if not ds:
+            raise ValueError("at least one dataset is needed")
+        METHODS.check(self.method)
+        check_routing(self.routing)
+        check_flow(self.flow)
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}")
+        if self.per_batch_size < 1:
+            raise ValueError(f"per_batch_size must be >= 1 (got {self.per_batch_size})")
+        self.tosca_config()  # validates epochs, l1, lr, ...
+
+    def tosca_config(self) -> ToscaConfig:
+        return ToscaConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, l1=self.l1, ratio=self.ratio,
+                           flow=self.flow, seed=self.seed, device=self.device)
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.method}-{'+'.join(self.datasets)}-B{self.init}Inc{self.inc}-s{self.seed}"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["datasets"] = list(self.datasets)
+        return d
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    config: RunConfig
+    summary: "pd.DataFrame"  # noqa: F821  one row per routing
+    stages: "pd.DataFrame"  # noqa: F821  A_b per stage and routing
+    matrix: "pd.DataFrame"  # noqa: F821  accuracy per (routing, task, stage)
+    tasks: "pd.DataFrame"  # noqa: F821  per task: classes, sizes, trainable params, times
+    epochs: "pd.DataFrame"  # noqa: F821  per (task, epoch) training log
+    info: dict = field(default_factory=dict)  # summary.json
+    method: object = None  # the trained method (for lab.tosca.analysis)
+    data: ScenarioData | None = None
+
+    def headline(self) -> dict:
+        row = self.summary[self.summary.routing == self.info["headline_routing"]].iloc[0]
+        return row.to_dict()
+
+
+# --------------------------------------------------------------------------------------------
+def _load_data(cfg: RunConfig, progress: bool) -> tuple[ScenarioData, float, object]:
+    from lab import backbones, data, features
+
+    scn = data.scenario(list(cfg.datasets), init=cfg.init, inc=cfg.inc, seed=cfg.seed)
+    bb = backbones.load(cfg.backbone, resolution=cfg.resolution)
+    t0 = time.perf_counter()
+    feats = features.scenario_features(scn, bb, progress=progress)
+    return ScenarioData.from_scenario(scn, feats, backbone=bb), time.perf_counter() - t0, scn
+
+
+def _validate_inputs(cfg: RunConfig, needs_images: bool) -> None:
+    """Cheap checks that need the registries (names, split sizes, images) — before any work."""
+    from lab import backbones, data
+
+    backbones.backbone_info(cfg.backbone)
+    for d in cfg.datasets:
+        data.dataset_info(d)
+    total = sum(data.dataset_info(d)["classes"] for d in cfg.datasets)
+    from lab.data.scenarios import _validate as validate_split
+
+    validate_split(total, cfg.init, cfg.inc)
+    ok, where = backbones.weights_available(cfg.backbone)
+    if not ok:
+        raise RuntimeError(f"backbone {cfg.backbone}: weights unavailable ({where})")
+    if needs_images and len({data.dataset_info(d)["image"] for d in cfg.datasets}) > 1:
+        raise ValueError(f"{cfg.method} in {cfg.mode} mode needs raw images, and the chained datasets "
+                         f"{list(cfg.datasets)} have different image formats; use cached mode")
+
+
+def _lock(run_dir: Path) -> Path:
+    lock = run_dir / ".lock"
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        pid = int(lock.read_text().strip() or 0)
+        try:
+            os.kill(pid, 0)
+            alive = pid != os.getpid()
+        except (ProcessLookupError, PermissionError, ValueError):
+            alive = False
+        if alive:
+            raise RuntimeError(f"{run_dir} is in use by process {pid}") from None
+        lock.unlink(missing_ok=True)  # stale lock from an interrupted run
+        return _lock(run_dir)
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return lock
+
+
+def _evaluate(method, data: ScenarioData, t: int, routed: bool, per_batch_size: int) -> dict:
+    """Accuracy of stage t on every test sample of tasks 0..t, under each routing."""
+    idx = torch.nonzero(data.test_task <= t).squeeze(1)
+    y, task = data.test_y[idx], data.test_task[idx]
+    logits = method.logits(data, idx)  # [M, n, C]
+    out = {}
+    for routing in (ROUTINGS if routed else ("single",)):
+        if routed:
+            r = route(logits, routing, task_ids=task, labels=y, batch_size=per_batch_size)
+            preds, racc, bs, order = r.preds, r.routing_accuracy, r.batch_size, r.order
+        else:
+            preds, racc, bs, order = logits[0].argmax(-1), float("nan"), None, None
+        out[routing] = {"A_b": M.accuracy(preds, y), "routing_accuracy": racc, "per_batch_size": bs,
+                        "order": order, "column": M.task_accuracies(preds, y, task, data.num_tasks).tolist()}
+    return out
+
+
+def run(cfg: RunConfig, *, runs_root=None, resume=None, progress: bool = True,
+        data: ScenarioData | None = None) -> RunResult:
+    """Run (or resume) a whole scenario. ``data`` injects ready features (tests, notebooks)."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from lab import _io, runs
+
+    info_m = METHODS.info(cfg.method)
+    needs_images = info_m["needs_backbone"] or cfg.mode == "augment"
+    if data is None:
+        _validate_inputs(cfg, needs_images)
+    elif needs_images and (data.images is None or data.backbone is None):
+        raise ValueError(f"{cfg.method} in {cfg.mode} mode needs images and a backbone in the data")
+    if resume is not None:
+        run_dir = Path(resume)
+        stored = _io.read_json(run_dir / "config.json")
+        if stored != cfg.to_dict():
+            diff = {k: (stored.get(k), v) for k, v in cfg.to_dict().items() if stored.get(k) != v}
+            raise ValueError(f"cannot resume {run_dir}: its config differs (stored, given): {diff}")
+    else:
+        run_dir = runs.new_run_dir("tosca", cfg.label, root=runs_root)
+        _io.write_json(run_dir / "config.json", cfg.to_dict())
+    lock = _lock(run_dir)
+    try:
+        return _run(cfg, run_dir, data, progress, info_m["routed"], pd, tqdm)
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _run(cfg, run_dir, data, progress, routed, pd, tqdm) -> RunResult:
+    from lab import _io, runs
+
+    t_extract = 0.0
+    if data is None:
+        data, t_extract, _ = _load_data(cfg, progress)
+    torch.manual_seed(cfg.seed)
+    method = create(cfg.method, data.dim, cfg.tosca_config(), backbone=data.backbone, mode=cfg.mode)
+    stages, epochs = [], []
+    bar = tqdm(range(data.num_tasks), desc=f"{cfg.method} tasks", disable=not progress)
+    for t in bar:
+        classes = data.task_classes[t]
+        mfile, sfile = run_dir / "modules" / f"task{t:03d}.safetensors", run_dir / "stages" / f"stage{t:03d}.json"
+        if sfile.exists() and mfile.exists() and len(stages) == t:  # finished before an interruption
+            try:
+                tensors, _ = _io.load_tensors(mfile)
+                stage = _io.read_json(sfile)
+                method.restore_task(t, tensors, classes, data)
+                stages.append(stage)
+                epochs.extend(stage["epochs"])
+                bar.set_postfix_str(f"task {t} restored")
+                continue
+            except _io.CorruptFile as exc:
+                warnings.warn(f"resume: {exc}; retraining from task {t}")
+        ebar = tqdm(total=cfg.epochs if cfg.method != "simplecil" else 0, desc=f"task {t} epochs",
+                    leave=False, disable=not progress)
+        log = []
+
+        def on_epoch(row, t=t):
+            log.append({"task": t, **row})
+            ebar.update(1)
+            ebar.set_postfix(loss=f"{row['loss']:.3f}")
+
+        t0 = time.perf_counter()
+        method.learn_task(t, classes, data, on_epoch=on_epoch)
+        t1 = time.perf_counter()
+        ev = _evaluate(method, data, t, routed, cfg.per_batch_size)
+        t2 = time.perf_counter()
+        ebar.close()
+        head = getattr(getattr(method, "model", None), "head", None)
+        stage = {"task": t, "classes": classes, "train_seconds": t1 - t0, "eval_seconds": t2 - t1,
+                 "trainable_params": method.trainable_parameters(t), "eval": ev, "epochs": log,
+                 "head_scale": head.scale if head is not None else None,
+                 "n_train": int((data.train_task == t).sum()), "n_test": int((data.test_task == t).sum())}
+        _io.save_tensors(mfile, method.task_tensors(t), {"task": str(t), "method": cfg.method,
+                                                         "classes": json.dumps(classes),
+                                                         "config": json.dumps(cfg.to_dict())})
+        _io.write_json(sfile, stage)  # written last: its presence marks the task finished
+        stages.append(stage)
+        epochs.extend(log)
+        hs = f" σ={stage['head_scale']:.2f}" if stage["head_scale"] is not None else ""
+        first = next(iter(ev))
+        bar.set_postfix_str(f"A_{t}={ev[first]['A_b']:.1f} ({first}){hs}")
+    return _finish(cfg, run_dir, data, method, stages, epochs, t_extract, pd, runs, _io)
+
+
+def _finish(cfg, run_dir, data, method, stages, epochs, t_extract, pd, runs, _io) -> RunResult:
+    routings = list(stages[0]["eval"])
+    stage_rows, matrix_rows, summary_rows = [], [], []
+    for r in routings:
+        col = [s["eval"][r]["column"] for s in stages]
+        R = M.accuracy_matrix(col)
+        a_b = [s["eval"][r]["A_b"] for s in stages]
+        racc = [s["eval"][r]["routing_accuracy"] for s in stages]
+        for s in stages:
+            e = s["eval"][r]
+            stage_rows.append({"method": cfg.method, "routing": r, "stage": s["task"],
+                               "n_classes": s["classes"][-1] + 1, "A_b": e["A_b"],
+                               "routing_accuracy": e["routing_accuracy"], "head_scale": s["head_scale"],
+                               "per_batch_size": e["per_batch_size"], "order": e["order"]})
+        for i in range(R.shape[0]):
+            for b in range(R.shape[1]):
+                matrix_rows.append({"method": cfg.method, "routing": r, "task": i, "stage": b, "accuracy": R[i, b]})
+        summary_rows.append({"method": cfg.method, "routing": r, **M.summarize(R, a_b),
+                             "routing_accuracy_last": racc[-1], "routing_accuracy_mean": float(pd.Series(racc).mean()),
+                             "per_batch_size": cfg.per_batch_size if r == "per-batch" else None})
+    task_rows = [{"task": s["task"], "classes": json.dumps(s["classes"]), "n_train": s["n_train"], "n_test": s["n_test"],
+                  "trainable_params": s["trainable_params"], "train_seconds": s["train_seconds"],
+                  "eval_seconds": s["eval_seconds"], "head_scale": s["head_scale"]} for s in stages]
+    tables = {"summary": pd.DataFrame(summary_rows), "stages": pd.DataFrame(stage_rows),
+              "matrix": pd.DataFrame(matrix_rows), "tasks": pd.DataFrame(task_rows), "epochs": pd.DataFrame(epochs)}
+    for name, df in tables.items():
+        _io.write_table(run_dir / name, df)
+    headline = cfg.routing if cfg.routing in routings else routings[0]
+    times = {"extraction": t_extract, "training": sum(s["train_seconds"] for s in stages),
+             "evaluation": sum(s["eval_seconds"] for s in stages)}
+    times["total"] = sum(times.values())
+    info = {"config": cfg.to_dict(), "seed": cfg.seed, "versions": runs.versions(), "run_dir": str(run_dir),
+            "headline_routing": headline, "routings": routings, "per_batch_order": PER_BATCH_ORDER,
+            "per_batch_size": cfg.per_batch_size, "results": tables["summary"].to_dict("records"),
+            "seconds": times, "trainable_params_per_task": [s["trainable_params"] for s in stages],
+            "trainable_params_total": sum(s["trainable_params"] for s in stages),
+            "head_scale_per_task": [s["head_scale"] for s in stages], "num_tasks": len(stages),
+            "backbone_untrained": bool(getattr(data.backbone, "untrained", False))}
+    _io.write_json(run_dir / "summary.json", info)
+    return RunResult(run_dir, cfg, *tables.values(), info=info, method=method, data=data)
