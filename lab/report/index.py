@@ -31,11 +31,16 @@ def read_metrics(nb) -> dict[str, Any]:
     return metrics
 
 
+_PAPERMILL_TAGS = {"papermill-error-cell-tag", "injected-parameters"}
+_TAG_RE = re.compile(r"<[^>]+>")
+
+
 def _title_and_summary(nb, fallback: str) -> tuple[str, str]:
+    """The first markdown cell's ``# `` heading and the start of its text (papermill's cells skipped)."""
     for cell in nb.cells:
-        if cell.cell_type != "markdown":
+        if cell.cell_type != "markdown" or _PAPERMILL_TAGS & set(cell.get("metadata", {}).get("tags", [])):
             continue
-        lines = cell.source.splitlines()
+        lines = _TAG_RE.sub("", cell.source).splitlines()
         title = next((ln.lstrip("#").strip() for ln in lines if ln.startswith("# ")), None)
         body = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
         summary = re.sub(r"[*_`]", "", " ".join(body[:3])).strip()

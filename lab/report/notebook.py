@@ -112,7 +112,7 @@ def record(metrics: Mapping[str, Any] | None = None, /, **more: Any) -> None:
     )
     bundle = {
         METRICS_MIME: [[k, v] for k, v in clean.items()],  # pairs: nbformat sorts object keys
-        "text/html": f"<table class='lab-metrics'><caption>Headline numbers</caption>{rows}</table>",
+        "text/html": f"<table class='lab-metrics'>{rows}</table>",
         "text/plain": "\n".join(f"{k}: {_format(v)}" for k, v in clean.items()),
     }
     try:
@@ -133,22 +133,23 @@ def _note(folder: Path, text: str) -> None:
 
 
 def save_png(fig, name: str, *, width: int | None = None, height: int | None = None,
-             scale: float = 2.0) -> Path | None:
+             scale: float = 2.0) -> None:
     """Write ``fig`` as ``<name>.png`` beside the rendered report (kaleido 1.x + Chromium).
 
-    Only acts while `lab report` runs the notebook; returns the path written, or ``None`` when
-    not under the pipeline, when PNGs are turned off, or when no Chromium is found (then a note
-    is printed and shown in the report index instead of failing the notebook).
+    Only acts while `lab report` runs the notebook; does nothing when not under the pipeline
+    (a live JupyterLab session) or when PNGs are turned off. When no Chromium is found, or the
+    export fails, a note is printed and shown in the report index instead of failing the notebook.
+    Returns nothing, so it can end a cell without an ``Out[]``.
     """
     if not _NAME_RE.match(name.removesuffix(".png")):
         raise ValueError(f"save_png: name {name!r} must be letters, digits, '_', '-', '.' (no folders)")
     folder = os.environ.get(FIGURES_ENV)
     if not folder or os.environ.get(PNG_ENV, "1") == "0":
-        return None
+        return
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if _png_state["disabled_reason"]:
-        return None
+        return
     import kaleido
     from kaleido.errors import ChromeNotFoundError
 
@@ -165,11 +166,10 @@ def save_png(fig, name: str, *, width: int | None = None, height: int | None = N
     except ChromeNotFoundError:
         _png_state["disabled_reason"] = "no Chromium found"
         _note(folder, "PNG export skipped: no Chromium found (Debian: apt-get install chromium)")
-        return None
+        return
     except Exception as exc:  # noqa: BLE001 - a PNG is a by-product; the HTML report still renders
         _note(folder, f"PNG export of {name!r} failed: {type(exc).__name__}: {exc}")
-        return None
+        return
     from lab._io import atomic_write
 
-    path = folder / (name.removesuffix(".png") + ".png")
-    return atomic_write(path, lambda p: p.write_bytes(data))
+    atomic_write(folder / (name.removesuffix(".png") + ".png"), lambda p: p.write_bytes(data))

@@ -1,0 +1,229 @@
+"""The report pipeline (lab.report) on tiny throwaway notebooks: offline HTML, index, failures."""
+from __future__ import annotations
+
+import json
+import math
+import stat
+
+import nbformat
+import pytest
+
+from _report_helpers import CHROMIUM, load_index, run_cli, tiny_reports, write_tiny_notebooks
+from lab.report import index, notebook, params, pipeline
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """Both tiny notebooks rendered once (shared with test_browser), report parameters, PNGs."""
+    return tiny_reports(tmp_path_factory)
+
+
+# --- the pipeline, end to end (two kernels) -------------------------------------------------
+
+@pytest.mark.notebook
+def test_failing_notebook_exits_nonzero_and_others_still_render(rendered):
+    nbdir, out, rc = rendered
+    assert rc == 1
+    for name in ("a_good", "b_bad"):
+        assert (out / f"{name}.ipynb").stat().st_size > 0
+        assert (out / f"{name}.html").stat().st_size > 0
+    cards = load_index(out)
+    assert cards["a_good"]["ok"] and not cards["b_bad"]["ok"]
+    bad = cards["b_bad"]
+    assert bad["error"] == "ValueError: boom" and bad["failed_cell"] == 3
+    assert "raise ValueError('boom')" in bad["failed_source"]
+    assert "An Exception was encountered" in (out / "b_bad.html").read_text()
+
+
+@pytest.mark.notebook
+def test_html_is_offline_with_plotly_inlined_once(rendered):
+    _, out, _ = rendered
+    page = (out / "a_good.html").read_text()
+    assert "plotly-graph-div" in page
+    assert page.count("plotly.js v") == 1, "plotly.js must be inlined exactly once"
+    for needle in ('<script src="http', "<script src='http", 'src="//', "require.js", "mathjax/"):
+        assert needle not in page.lower(), needle
+    for name in ("a_good", "b_bad"):
+        _, external = pipeline.export_html(nbformat.read(out / f"{name}.ipynb", as_version=4))
+        assert external == []
+
+
+@pytest.mark.notebook
+def test_index_links_reports_with_headline_numbers_and_wall_time(rendered):
+    _, out, _ = rendered
+    page = (out / "index.html").read_text()
+    for name in ("a_good", "b_bad"):
+        assert f"href='{name}.html'" in page and f"href='{name}.ipynb'" in page
+    assert "Tiny good" in page and "wall time" in page and "Failed in cell In [3]" in page
+    good = load_index(out)["a_good"]
+    assert good["metrics"] == {"total": 5.0, "label": "x"}  # report profile: n=5, in call order
+    assert good["params"] == {"n": 5} and good["profile"] == "report"
+    assert good["seconds"] > 0
+    assert "<script src=" not in page
+
+
+@pytest.mark.notebook
+def test_png_written_next_to_report_or_skipped_with_a_note(rendered):
+    _, out, _ = rendered
+    card = load_index(out)["a_good"]
+    if CHROMIUM.exists():
+        png = out / "a_good_figures" / "line.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert card["figures"] == ["line.png"]
+        assert "a_good_figures/line.png" in (out / "index.html").read_text()
+    else:
+        assert any("Chromium" in n for n in card["notes"])
+
+
+@pytest.mark.notebook
+def test_outputs_are_complete_files_with_normal_modes(rendered):
+    _, out, _ = rendered
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")], "temp files left behind"
+    for p in out.glob("*.*"):
+        assert p.stat().st_mode & stat.S_IRGRP, f"{p.name} is not group-readable"
+    executed = nbformat.read(out / "a_good.ipynb", as_version=4)
+    assert executed.metadata["papermill"]["output_path"].endswith("a_good.ipynb")
+    assert executed.metadata["continual-lab"]["report"]["ok"] is True
+
+
+@pytest.mark.notebook
+def test_only_rerenders_one_and_keeps_the_other_cards(rendered, tmp_path):
+    nbdir, out, _ = rendered
+    before = (out / "a_good.html").read_bytes()
+    assert run_cli("--notebooks", str(nbdir), "--out", str(out), "--only", "b_bad.ipynb") == 1
+    cards = load_index(out)
+    assert cards["a_good"]["metrics"]["total"] == 5.0  # still there, untouched
+    assert (out / "a_good.html").read_bytes() == before
+
+
+@pytest.mark.notebook
+def test_smoke_profile_and_overrides(tmp_path):
+    nbdir = write_tiny_notebooks(tmp_path / "nb", bad=False)
+    out = tmp_path / "out"
+    assert run_cli("--notebooks", str(nbdir), "--out", str(out), "--params", "smoke", "--no-png") == 0
+    assert load_index(out)["a_good"]["metrics"]["total"] == 2.0
+    assert not (out / "a_good_figures").exists()  # --no-png: nothing written
+    assert params.resolve(nbdir / "a_good.ipynb", "smoke", {"n": 4}) == {"n": 4}  # -p n=4 wins
+
+
+@pytest.mark.notebook
+def test_failed_export_leaves_previous_outputs_intact(rendered, tmp_path, monkeypatch):
+    nbdir, out, _ = rendered
+    before = {p.name: p.read_bytes() for p in out.glob("b_bad.*")}
+
+    def broken(nb):
+        raise RuntimeError("disk full (simulated)")
+
+    monkeypatch.setattr(pipeline, "export_html", broken)
+    with pytest.raises(RuntimeError, match="simulated"):
+        pipeline.render_one(nbdir / "b_bad.ipynb", out)
+    assert {p.name: p.read_bytes() for p in out.glob("b_bad.*")} == before
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+
+
+# --- bad input fails before any kernel starts -----------------------------------------------
+
+def test_unknown_only_name_lists_the_notebooks(tmp_path, capsys):
+    nbdir = write_tiny_notebooks(tmp_path / "nb")
+    assert run_cli("--notebooks", str(nbdir), "--out", str(tmp_path / "out"), "--only", "nope") == 2
+    err = capsys.readouterr().err
+    assert "nope" in err and "a_good" in err and "b_bad" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_parameter_fails_before_work(tmp_path, capsys):
+    nbdir = write_tiny_notebooks(tmp_path / "nb", bad=False)
+    assert run_cli("--notebooks", str(nbdir), "--out", str(tmp_path / "out"), "-p", "nn=1") == 2
+    assert "unknown parameter(s) ['nn']" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_declared_params_are_validated(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["continual-lab"] = {"params": {"full": {}}}
+    with pytest.raises(params.ParamsError, match="unknown parameter profile"):
+        params.declared(nb)
+    nb.metadata["continual-lab"] = {"params": {"smoke": {"n": 1}}}
+    nb.cells = [nbformat.v4.new_code_cell("n = 3")]  # not tagged
+    nbformat.write(nb, tmp_path / "x.ipynb")
+    with pytest.raises(params.ParamsError, match="no cell tagged 'parameters'"):
+        params.resolve(tmp_path / "x.ipynb", "smoke")
+    assert params.resolve(tmp_path / "x.ipynb", "report") == {}  # nothing to inject
+
+
+def test_parse_override():
+    assert params.parse_override("n=3") == ("n", 3)
+    assert params.parse_override("lr=1e-3") == ("lr", 0.001)
+    assert params.parse_override("name=vit") == ("name", "vit")
+    assert params.parse_override('xs=[1, 2]') == ("xs", [1, 2])
+    with pytest.raises(params.ParamsError):
+        params.parse_override("3=n")
+
+
+def test_discover_is_sorted_and_skips_hidden(tmp_path):
+    write_tiny_notebooks(tmp_path)
+    (tmp_path / ".hidden.ipynb").write_text("{}")
+    assert [p.name for p in pipeline.discover(tmp_path)] == ["a_good.ipynb", "b_bad.ipynb"]
+    assert [p.name for p in pipeline.discover(tmp_path, ["b_bad"])] == ["b_bad.ipynb"]
+
+
+# --- notebook-side helpers, in this process -------------------------------------------------
+
+def test_record_rejects_what_is_not_a_finite_number_or_string():
+    for bad in ({"a": math.nan}, {"a": math.inf}, {"a": True}, {"a": [1, 2]}):
+        with pytest.raises((ValueError, TypeError)):
+            notebook.record(**bad)
+    with pytest.raises(ValueError):
+        notebook.record()
+
+
+def test_record_outside_ipython_prints_a_marked_line(capsys):
+    import numpy as np
+
+    notebook.record({"acc": np.float32(0.5)}, n=np.int64(3), what="x")
+    line = capsys.readouterr().out.strip()
+    mime, payload = line.split(" ", 1)
+    assert mime == notebook.METRICS_MIME
+    assert json.loads(payload) == [["acc", 0.5], ["n", 3], ["what", "x"]]
+
+
+def test_read_metrics_merges_outputs_in_order():
+    nb = nbformat.v4.new_notebook()
+    first = nbformat.v4.new_code_cell("")
+    first.outputs = [nbformat.v4.new_output("display_data", data={notebook.METRICS_MIME: [["a", 1], ["b", 2]]})]
+    second = nbformat.v4.new_code_cell("")
+    second.outputs = [nbformat.v4.new_output("display_data", data={notebook.METRICS_MIME: {"b": 3.5}})]
+    nb.cells = [first, second]
+    assert index.read_metrics(nb) == {"a": 1, "b": 3.5}
+
+
+def test_save_png_does_nothing_outside_the_pipeline(tmp_path, monkeypatch):
+    monkeypatch.delenv(notebook.FIGURES_ENV, raising=False)
+    assert notebook.save_png({"data": []}, "fig") is None
+    monkeypatch.setenv(notebook.FIGURES_ENV, str(tmp_path))
+    monkeypatch.setenv(notebook.PNG_ENV, "0")
+    assert notebook.save_png({"data": []}, "fig") is None
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="no folders"):
+        notebook.save_png({"data": []}, "../escape")
+
+
+def test_strip_plotly_mathjax():
+    html = ('<div><script src="https://cdnjs.cloudflare.com/ajax/libs/mathjax/3.2.2/es5/tex-svg.min.js">'
+            '</script><div class="plotly-graph-div"></div></div>')
+    assert "mathjax" not in notebook.strip_plotly_mathjax(html)
+
+
+def test_index_shows_placeholder_for_a_notebook_not_rendered_yet(tmp_path):
+    write_tiny_notebooks(tmp_path / "nb")
+    index.write_index(tmp_path / "out", tmp_path / "nb")
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert page.count("not rendered") == 2 and "lab report --only a_good" in page
+
+
+def test_help_documents_the_options(capsys):
+    with pytest.raises(SystemExit):
+        run_cli("--help")
+    out = capsys.readouterr().out
+    for opt in ("--only", "--out", "--params", "--no-png", "smoke"):
+        assert opt in out
