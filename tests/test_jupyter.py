@@ -1,0 +1,83 @@
+"""`lab jupyter`: JupyterLab on 127.0.0.1 with a token, the project's kernel, notebooks/."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from lab import jupyter
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="lab")
+    jupyter.register(parser.add_subparsers())
+    return parser.parse_args(["jupyter", *argv])
+
+
+def test_command_binds_localhost_with_a_fresh_token_and_the_notebooks_root(tmp_path):
+    argv, env, url = jupyter.build_command(parse("--root-dir", str(tmp_path)))
+    assert "--ip=127.0.0.1" in argv and "--no-browser" in argv
+    assert f"--ServerApp.root_dir={tmp_path.resolve()}" in argv
+    token = env["JUPYTER_TOKEN"]
+    assert len(token) >= 24 and token in url and not any(token in a for a in argv)  # not in `ps`
+    assert url.startswith("http://127.0.0.1:")
+    assert ("--allow-root" in argv) == (os.geteuid() == 0)
+    _, env2, _ = jupyter.build_command(parse("--root-dir", str(tmp_path)))
+    assert env2["JUPYTER_TOKEN"] != token
+
+
+def test_extra_arguments_pass_through(tmp_path):
+    argv, _, _ = jupyter.build_command(parse("--root-dir", str(tmp_path), "--port", "8999", "--",
+                                             "--ServerApp.log_level=WARN"))
+    assert "--port=8999" in argv and argv[-1] == "--ServerApp.log_level=WARN"
+
+
+def test_help_says_how(capsys):
+    with pytest.raises(SystemExit):
+        parse("--help")
+    out = capsys.readouterr().out
+    assert "127.0.0.1" in out and "token" in out and "--allow-root" in out
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, b""
+
+
+@pytest.mark.slow
+def test_server_starts_and_requires_the_token(tmp_path):
+    (tmp_path / "x.ipynb").write_text(json.dumps(
+        {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    port = jupyter._free_port(8950)
+    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "jupyter", "--port", str(port), "--token", "t0k",
+                             "--root-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            time.sleep(0.5)
+            try:
+                if _get(f"{base}/api/status?token=t0k")[0] == 200:
+                    break
+            except OSError:
+                continue
+        else:
+            pytest.fail("JupyterLab did not answer within 60 s")
+        assert _get(f"{base}/api/status")[0] == 403
+        specs = json.loads(_get(f"{base}/api/kernelspecs?token=t0k")[1])
+        if "continual-lab" in specs["kernelspecs"]:
+            assert specs["default"] == "continual-lab"
+        contents = json.loads(_get(f"{base}/api/contents?token=t0k")[1])
+        assert [c["name"] for c in contents["content"]] == ["x.ipynb"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
