@@ -13,7 +13,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 
 
 def write_tiny_notebooks(folder: Path, *, good: bool = True, bad: bool = True) -> Path:
-    """``a_good.ipynb`` (a plotly figure, a PNG, recorded metrics) and ``b_bad.ipynb`` (raises)."""
+    """``a_good.ipynb`` (a plotly figure, a PNG, a widget, recorded metrics), ``b_bad.ipynb`` (raises)."""
     import nbformat as nbf
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -26,6 +26,7 @@ def write_tiny_notebooks(folder: Path, *, good: bool = True, bad: bool = True) -
             nbf.v4.new_code_cell("import plotly.graph_objects as go\n"
                                  "fig = go.Figure(go.Scatter(y=list(range(n))))\n"
                                  "fig.show()\nreport.save_png(fig, 'line')"),
+            nbf.v4.new_code_cell("import ipywidgets\nipywidgets.IntSlider(value=n)"),  # live-only panel
             nbf.v4.new_code_cell("report.record(total=float(n), label='x')"),
         ]
         nb.metadata["continual-lab"] = {"params": {"report": {"n": 5}, "smoke": {"n": 2}}}

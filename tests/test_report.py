@@ -46,6 +46,9 @@ def test_html_is_offline_with_plotly_inlined_once(rendered):
     for name in ("a_good", "b_bad"):
         _, external = pipeline.export_html(nbformat.read(out / f"{name}.ipynb", as_version=4))
         assert external == []
+    # the widget shows a note, and no widget manager is fetched
+    assert "Interactive panel: it runs live in JupyterLab" in page
+    assert "html-manager" not in page and "widget-state+json" not in page
 
 
 @pytest.mark.notebook

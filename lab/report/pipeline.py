@@ -32,6 +32,9 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 TEMPLATE = "offline"
 DEFAULT_KERNEL = "continual-lab"
 FIGURES_SUFFIX = "_figures"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+WIDGET_NOTE = ("<div class='lab-widget-note' style='border:1px dashed #8c959f;padding:.4em .8em;color:#57606a'>"
+               "Interactive panel: it runs live in JupyterLab (<code>lab jupyter</code>), not in this page.</div>")
 _EXTERNAL_RE = re.compile(
     r"<(script|link|img|iframe|source|embed|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*[\"']?((?:https?:)?//[^\"'\s>]+)",
     re.IGNORECASE)
@@ -104,6 +107,10 @@ def export_html(nb) -> tuple[str, list[str]]:
 
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)  # widget state only feeds a CDN widget manager
+    for cell in nb.cells:  # a widget cannot draw offline: say where it works instead
+        for out in cell.get("outputs", []):
+            if WIDGET_MIME in out.get("data", {}):
+                out["data"] = {"text/html": WIDGET_NOTE}
     exporter = HTMLExporter(template_name=TEMPLATE, extra_template_basedirs=[str(TEMPLATES)])
     body, _ = exporter.from_notebook_node(nb)
     body = _nbh.strip_plotly_mathjax(body)  # from figures shown without setup_notebook()
