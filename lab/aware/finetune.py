@@ -1,0 +1,218 @@
+"""One harness for every fine-tuning method compared with AWARe (spec aware.md, "Phase 2").
+
+Methods differ only in :func:`prepare` (which parameters train, at which learning rate):
+
+- ``zero-shot``: nothing trains.
+- ``full``: the whole language model and the projector.
+- ``lora`` / ``dora``: peft adapters (``LoraConfig(use_dora=...)``) on the *same* target Linears
+  as AWARe; the rank is matched to AWARe's trainable count (see :func:`matched_lora_rank`).
+- ``aware``: profile -> select -> row split (:mod:`lab.aware.freeze`).
+
+:func:`train` is the same short loop for all of them (AdamW, warm-up + cosine, grad clipping, loss
+on answer tokens only); :func:`evaluate` scores multiple choice with the KV-cached scorer.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from lab.aware.config import AwareConfig
+from lab.aware.freeze import apply, merge, trainable_parameters
+from lab.aware.masking import select
+from lab.aware.prompts import ChatEncoder
+from lab.aware.saliency import Saliency
+from lab.aware.scoring import answer_loss, greedy_answers, option_scores
+from lab.aware.targets import find_targets
+from lab.aware.tasks import QASet, exact_match
+
+METHODS = ("zero-shot", "full", "lora", "dora", "aware")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation recipe. Defaults: the reference's ratios (projector lr = 10x LLM lr, weight
+    decay 0, 3% warm-up then cosine), scaled to a few dozen steps on a 135M model."""
+
+    steps: int = 48
+    batch_size: int = 8
+    lr: float = 1e-4             # language-model weights (full, AWARe)
+    lr_projector: float = 1e-3   # mm_projector (full, AWARe, projector alignment)
+    lr_adapter: float = 1e-3     # LoRA / DoRA matrices (LLaVA's LoRA recipe: 10x the full-FT lr)
+    weight_decay: float = 0.0
+    warmup: float = 0.03
+    max_grad_norm: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.steps < 0 or self.batch_size < 1:
+            raise ValueError("steps must be >= 0 and batch_size >= 1")
+        if min(self.lr, self.lr_projector, self.lr_adapter) <= 0 or self.weight_decay < 0:
+            raise ValueError("learning rates must be > 0 and weight_decay >= 0")
+        if not 0 <= self.warmup < 1:
+            raise ValueError("warmup is a fraction of the steps in [0, 1)")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    method: str = "aware"
+    aware: AwareConfig = field(default_factory=AwareConfig)
+    lora_rank: int | None = None    # None: matched to AWARe's trainable count on the same targets
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose from {list(METHODS)}")
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "lora_rank": self.lora_rank, **self.aware.to_dict()}
+
+
+def _is_projector(name: str) -> bool:
+    return "mm_projector" in name or "multi_modal_projector" in name
+
+
+def _groups(model: nn.Module, lr: float, lr_projector: float) -> list[dict]:
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    proj = [p for n, p in named if _is_projector(n)]
+    rest = [p for n, p in named if not _is_projector(n)]
+    return [g for g in ({"params": rest, "lr": lr}, {"params": proj, "lr": lr_projector}) if g["params"]]
+
+
+def matched_lora_rank(model: nn.Module, aware: AwareConfig) -> int:
+    """LoRA rank whose parameter count ``r * sum(d_in + d_out)`` over AWARe's targets equals
+    AWARe's trainable count ``(1 - rho) * sum(d_out * d_in + bias)`` (rounded, at least 1)."""
+    layers = find_targets(model, aware.targets, exclude=aware.exclude)
+    aware_count = (1 - aware.rho) * sum(m.weight.numel() + (m.out_features if m.bias is not None else 0)
+                                        for m in layers.values())
+    per_rank = sum(m.in_features + m.out_features for m in layers.values())
+    return max(1, round(aware_count / per_rank))
+
+
+def prepare(model: nn.Module, spec: MethodSpec, cfg: TrainConfig, *,
+            saliency: Saliency | None = None) -> tuple[nn.Module, list[dict], dict]:
+    """Make ``model`` trainable the way ``spec`` says; return (model, optimizer groups, info)."""
+    info: dict = {}
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if spec.method == "full":
+        for p in model.parameters():
+            p.requires_grad_(True)
+        groups = _groups(model, cfg.lr, cfg.lr_projector)
+    elif spec.method == "aware":
+        layers = find_targets(model, spec.aware.targets, exclude=spec.aware.exclude)
+        if spec.aware.rule.startswith("activation"):
+            if saliency is None:
+                raise ValueError("activation rules need a saliency profile (lab.aware.profile)")
+            missing = set(layers) - set(saliency.scores)
+            if missing:
+                raise ValueError(f"saliency lacks {len(missing)} target layers, e.g. {sorted(missing)[:3]}")
+            scores = {n: saliency.scores[n] for n in layers}
+        else:
+            scores = {n: torch.zeros(m.out_features) for n, m in layers.items()}
+        masks = select(scores, spec.aware.rho, spec.aware.rule, weights=layers, seed=spec.aware.seed)
+        apply(model, masks)
+        info["masks"] = masks
+        groups = _groups(model, cfg.lr, cfg.lr_projector)
+    elif spec.method in ("lora", "dora"):
+        from peft import LoraConfig, get_peft_model
+
+        rank = spec.lora_rank or matched_lora_rank(model, spec.aware)
+        names = list(find_targets(model, spec.aware.targets, exclude=spec.aware.exclude))
+        model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                                 target_modules=names, use_dora=spec.method == "dora"))
+        info["lora_rank"] = rank
+        groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.lr_adapter}]
+    else:  # zero-shot
+        groups = []
+    info["trainable"], info["total"] = trainable_parameters(model)
+    return model, groups, info
+
+
+def finish(model: nn.Module) -> nn.Module:
+    """Back to a standard model: merge LoRA/DoRA adapters or AWARe's row split."""
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    return merge(model).eval()
+
+
+def iterate(qa: QASet, enc: ChatEncoder, batch_size: int, *, answers: bool, order=None) -> Iterator[dict]:
+    """Collated batches of ``qa`` in ``order`` (default: as stored)."""
+    order = np.arange(len(qa)) if order is None else np.asarray(order)
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        enc_list = [enc.encode(qa.questions[i], qa.answers[i] if answers else None,
+                               image=bool(qa.image_index[i] >= 0)) for i in idx]
+        rows = [int(qa.image_index[i]) for i in idx if qa.image_index[i] >= 0]
+        images = qa.tokens[rows] if rows else None
+        yield enc.collate(enc_list, images)
+
+
+def _schedule(step: int, total: int, warmup: float) -> float:
+    w = max(1, math.ceil(warmup * total))
+    if step < w:
+        return (step + 1) / w
+    return 0.5 * (1 + math.cos(math.pi * (step - w) / max(1, total - w)))
+
+
+def train(model: nn.Module, groups: list[dict], qa: QASet, enc: ChatEncoder, cfg: TrainConfig, *,
+          progress: bool = True, desc: str = "fine-tuning") -> dict:
+    """AdamW on ``groups`` for ``cfg.steps`` steps over shuffled epochs of ``qa``."""
+    from tqdm.auto import tqdm
+
+    if not groups or cfg.steps == 0:
+        return {"losses": [], "step_seconds": []}
+    if len(qa) == 0:
+        raise ValueError(f"{qa.name}: no training samples")
+    torch.manual_seed(cfg.seed)
+    rng = np.random.RandomState(cfg.seed)
+    opt = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+    base = [g["lr"] for g in opt.param_groups]
+    params = [p for g in groups for p in g["params"]]
+    order = np.concatenate([rng.permutation(len(qa)) for _ in range(cfg.steps * cfg.batch_size // len(qa) + 1)])
+    losses, times = [], []
+    model.train()
+    it = iterate(qa, enc, cfg.batch_size, answers=True, order=order[: cfg.steps * cfg.batch_size])
+    for step in tqdm(range(cfg.steps), desc=desc, unit="step", disable=not progress, leave=False):
+        t0 = time.perf_counter()
+        for g, lr in zip(opt.param_groups, base):
+            g["lr"] = lr * _schedule(step, cfg.steps, cfg.warmup)
+        loss = answer_loss(model, next(it))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()))
+        times.append(time.perf_counter() - t0)
+    model.eval()
+    return {"losses": losses, "step_seconds": times, "optimizer": opt}
+
+
+def evaluate(model: nn.Module, qa: QASet, enc: ChatEncoder, *, batch_size: int = 32,
+             exact: bool = False, max_new_tokens: int = 8) -> dict:
+    """Multiple-choice accuracy (answer log-likelihood over ``qa.options``); with ``exact``, also
+    the exact-match rate of a greedy answer against the gold answer and its aliases."""
+    model.eval()
+    correct, hits = 0, 0
+    for s, batch in zip(range(0, len(qa), batch_size), iterate(qa, enc, batch_size, answers=False)):
+        idx = range(s, min(s + batch_size, len(qa)))
+        opts = [qa.options[i] for i in idx]
+        scores = option_scores(model, batch, [enc.option_ids(o) for o in opts])
+        pred = scores.argmax(1).tolist()
+        correct += sum(opts[j][p] == qa.answers[i] for j, (i, p) in enumerate(zip(idx, pred)))
+        if exact:
+            gen = greedy_answers(model, batch, max_new_tokens=max_new_tokens, eos_id=enc.eos_id)
+            aliases = [qa.aliases[i] if qa.aliases else (qa.answers[i],) for i in idx]
+            hits += sum(exact_match(enc.tok.decode(g), a) for g, a in zip(gen, aliases))
+    out = {"acc": correct / max(len(qa), 1), "n": len(qa)}
+    if exact:
+        out["em"] = hits / max(len(qa), 1)
+    return out
+
+
+def config_dict(cfg: TrainConfig) -> dict:
+    return asdict(cfg)

