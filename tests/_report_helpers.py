@@ -20,7 +20,7 @@ def write_tiny_notebooks(folder: Path, *, good: bool = True, bad: bool = True) -
     if good:
         nb = nbf.v4.new_notebook()
         nb.cells = [
-            nbf.v4.new_markdown_cell("# Tiny good\n\nA tiny notebook that draws one figure."),
+            nbf.v4.new_markdown_cell("# Tiny good\n\nA tiny notebook that draws one figure, $y_i = i$."),
             nbf.v4.new_code_cell("n = 3", metadata={"tags": ["parameters"]}),
             nbf.v4.new_code_cell("import lab.report as report\nreport.setup_notebook()"),
             nbf.v4.new_code_cell("import plotly.graph_objects as go\n"

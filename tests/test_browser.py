@@ -2,6 +2,7 @@
 draws, and no page asks for anything off this machine."""
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -47,10 +48,11 @@ def open_page(browser, path: Path) -> dict:
         broken_imgs = page.eval_on_selector_all(
             "img", "is => is.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
         links = page.eval_on_selector_all("a[href]", "as => as.map(a => a.getAttribute('href'))")
+        math_widths = page.eval_on_selector_all("math", "ms => ms.map(m => m.getBoundingClientRect().width)")
     finally:
         context.close()
     return {"divs": n_divs, "drawn": drawn, "off_machine": [u for u in requests if not _LOCAL.match(u)],
-            "errors": errors, "broken_imgs": broken_imgs, "links": links}
+            "errors": errors, "broken_imgs": broken_imgs, "links": links, "math_widths": math_widths}
 
 
 def check_report(seen: dict, name: str) -> None:
@@ -69,6 +71,8 @@ def test_tiny_report_draws_offline(browser, tiny):
     seen = open_page(browser, tiny / "a_good.html")
     assert seen["divs"] == 1
     check_report(seen, "a_good.html")
+    if importlib.util.find_spec("latex2mathml"):
+        assert seen["math_widths"] and all(w > 0 for w in seen["math_widths"]), "MathML did not lay out"
     check_report(open_page(browser, tiny / "b_bad.html"), "b_bad.html")
 
 

@@ -211,6 +211,19 @@ def test_save_png_does_nothing_outside_the_pipeline(tmp_path, monkeypatch):
         notebook.save_png({"data": []}, "../escape")
 
 
+def test_math_becomes_mathml_outside_code():
+    pytest.importorskip("latex2mathml")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(
+        "## Gates $g_t$\n\n$\\rho = 0.3$, $$\\bar{A} = \\frac{1}{T}\\sum_t A_t$$, costs $5 and $6, `$x$`\n\n"
+        "```\n$not_math$\n```")]
+    page, warnings = pipeline.export_html(nb)
+    assert warnings == []
+    assert page.count("<math") == 3 and 'display="block"' in page
+    assert "$x$" in page and "$not_math$" in page and "costs $5 and $6" in page
+    assert 'id="Gates-g_t"' in page  # the heading anchor stays a plain id
+
+
 def test_strip_plotly_mathjax():
     html = ('<div><script src="https://cdnjs.cloudflare.com/ajax/libs/mathjax/3.2.2/es5/tex-svg.min.js">'
             '</script><div class="plotly-graph-div"></div></div>')

@@ -43,7 +43,7 @@ def _title_and_summary(nb, fallback: str) -> tuple[str, str]:
         lines = _TAG_RE.sub("", cell.source).splitlines()
         title = next((ln.lstrip("#").strip() for ln in lines if ln.startswith("# ")), None)
         body = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-        summary = re.sub(r"[*_`]", "", " ".join(body[:3])).strip()
+        summary = re.sub(r"[*_`$\\]", "", " ".join(body[:3])).strip()
         if len(summary) > 280:
             summary = summary[:277].rsplit(" ", 1)[0] + "…"
         return title or fallback, summary

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from lab.report import notebook as _nbh
 from lab.report._fs import readable, write_text
+from lab.report._math import MathToMathML
 from lab.report import params as _params
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -107,15 +108,24 @@ def export_html(nb) -> tuple[str, list[str]]:
 
     nb = copy.deepcopy(nb)
     nb.metadata.pop("widgets", None)  # widget state only feeds a CDN widget manager
-    for cell in nb.cells:  # a widget cannot draw offline: say where it works instead
+    math = MathToMathML()
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = math.protect(cell.source)
         for out in cell.get("outputs", []):
-            if WIDGET_MIME in out.get("data", {}):
+            data = out.get("data", {})
+            if WIDGET_MIME in data:  # a widget cannot draw offline: say where it works instead
                 out["data"] = {"text/html": WIDGET_NOTE}
+            elif isinstance(data.get("text/markdown"), str):
+                data["text/markdown"] = math.protect(data["text/markdown"])
     exporter = HTMLExporter(template_name=TEMPLATE, extra_template_basedirs=[str(TEMPLATES)])
     body, _ = exporter.from_notebook_node(nb)
-    body = _nbh.strip_plotly_mathjax(body)  # from figures shown without setup_notebook()
+    body = math.restore(_nbh.strip_plotly_mathjax(body))  # (mathjax: figures shown without setup_notebook())
     external = sorted({m.group(2) for m in _EXTERNAL_RE.finditer(body)})
-    return body, [f"requests {url} (will not load offline)" for url in external]
+    warnings = [f"requests {url} (will not load offline)" for url in external]
+    if math.missing_converter:
+        warnings.append("formulas shown as TeX source: install latex2mathml to render them")
+    return body, warnings
 
 
 def _publish_dir(staging: Path, dest: Path) -> None:
