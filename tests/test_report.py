@@ -154,6 +154,16 @@ def test_declared_params_are_validated(tmp_path):
     assert params.resolve(tmp_path / "x.ipynb", "report") == {}  # nothing to inject
 
 
+def test_declare_writes_the_profiles_into_the_notebook(tmp_path):
+    write_tiny_notebooks(tmp_path, bad=False)
+    params.declare(tmp_path / "a_good.ipynb", report={"n": 7}, smoke={"n": 1})
+    assert params.resolve(tmp_path / "a_good.ipynb", "report") == {"n": 7}
+    assert params.resolve(tmp_path / "a_good.ipynb", "smoke") == {"n": 1}
+    with pytest.raises(params.ParamsError, match="unknown parameter"):
+        params.declare(tmp_path / "a_good.ipynb", smoke={"typo": 1})
+    assert params.resolve(tmp_path / "a_good.ipynb", "smoke") == {"n": 1}  # file unchanged
+
+
 def test_parse_override():
     assert params.parse_override("n=3") == ("n", 3)
     assert params.parse_override("lr=1e-3") == ("lr", 0.001)
@@ -222,6 +232,24 @@ def test_math_becomes_mathml_outside_code():
     assert page.count("<math") == 3 and 'display="block"' in page
     assert "$x$" in page and "$not_math$" in page and "costs $5 and $6" in page
     assert 'id="Gates-g_t"' in page  # the heading anchor stays a plain id
+
+
+def test_save_png_without_chromium_leaves_a_note(tmp_path, monkeypatch):
+    import kaleido
+    from kaleido.errors import ChromeNotFoundError
+
+    def no_chrome(*a, **k):
+        raise ChromeNotFoundError("no chrome here")
+
+    monkeypatch.setattr(kaleido, "start_sync_server", no_chrome)
+    monkeypatch.setattr(notebook, "_png_state", {"disabled_reason": None, "server": False})
+    monkeypatch.setenv(notebook.FIGURES_ENV, str(tmp_path))
+    monkeypatch.setenv(notebook.PNG_ENV, "1")
+    assert notebook.save_png({"data": [], "layout": {}}, "fig") is None
+    assert notebook.save_png({"data": [], "layout": {}}, "fig2") is None  # noted once
+    assert "no Chromium found" in (tmp_path / notebook.NOTES_FILE).read_text()
+    assert len((tmp_path / notebook.NOTES_FILE).read_text().splitlines()) == 1
+    assert not list(tmp_path.glob("*.png"))
 
 
 def test_strip_plotly_mathjax():

@@ -9,7 +9,7 @@ source of truth and moves as one file::
     }}}
 
 Values override the defaults of the cell tagged ``parameters``; a profile left out, or empty,
-means "the cell's defaults". Names are checked against that cell before anything runs, since
+means "the cell's defaults". :func:`declare` writes this block into a notebook file. Names are checked against that cell before anything runs, since
 papermill itself only warns about a parameter the notebook does not have.
 """
 from __future__ import annotations
@@ -66,19 +66,41 @@ def parse_override(text: str) -> tuple[str, Any]:
 def resolve(path: str | Path, profile: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Parameters to inject into notebook ``path`` for ``profile``, validated against its cell."""
     import nbformat
-    from papermill.translators import PythonTranslator  # the notebooks are Python
 
     if profile not in PROFILES:
         raise ParamsError(f"unknown profile {profile!r}; valid: {list(PROFILES)}")
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     values = {**declared(nb)[profile], **(overrides or {})}
+    _check(nb, path.name, profile, values)
+    return values
+
+
+def _check(nb, name: str, profile: str, values: dict[str, Any]) -> None:
+    from papermill.translators import PythonTranslator  # the notebooks are Python
+
     if not values:
-        return {}
+        return
     if parameters_cell(nb) is None:
-        raise ParamsError(f"{path.name}: has {profile} parameters {sorted(values)} but no cell tagged 'parameters'")
+        raise ParamsError(f"{name}: has {profile} parameters {sorted(values)} but no cell tagged 'parameters'")
     known = {p.name for p in PythonTranslator.inspect(nb.cells[parameters_cell(nb)])}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ParamsError(f"{path.name}: unknown parameter(s) {unknown}; its parameters cell defines {sorted(known)}")
-    return values
+        raise ParamsError(f"{name}: unknown parameter(s) {unknown}; its parameters cell defines {sorted(known)}")
+
+
+def declare(path: str | Path, *, report: dict[str, Any] | None = None,
+            smoke: dict[str, Any] | None = None) -> None:
+    """Store the ``report``/``smoke`` profiles in notebook ``path``'s metadata (checked, atomic)."""
+    import nbformat
+
+    from lab._io import atomic_write
+    from lab.report._fs import readable
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    section = nb.metadata.setdefault(METADATA_KEY, {})
+    section["params"] = {k: dict(v) for k, v in (("report", report), ("smoke", smoke)) if v is not None}
+    for profile, values in declared(nb).items():  # check before writing anything
+        _check(nb, path.name, profile, values)
+    atomic_write(path, lambda p: nbformat.write(nb, str(readable(p))))
