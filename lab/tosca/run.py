@@ -251,7 +251,7 @@ def _run(cfg, run_dir, data, progress, routed, pd, tqdm) -> RunResult:
 
 
 def _finish(cfg, run_dir, data, method, stages, epochs, t_extract, pd, runs, _io) -> RunResult:
-    routings = list(stages[0]["eval"])
+    routings = [r for r in (*ROUTINGS, "single") if r in stages[0]["eval"]]  # JSON sorted the keys
     stage_rows, matrix_rows, summary_rows = [], [], []
     for r in routings:
         col = [s["eval"][r]["column"] for s in stages]
