@@ -9,7 +9,7 @@ import nbformat
 import pytest
 
 from _report_helpers import CHROMIUM, load_index, run_cli, tiny_reports, write_tiny_notebooks
-from lab.report import index, notebook, params, pipeline
+from lab.report import _widgets, index, notebook, params, pipeline
 
 
 @pytest.fixture(scope="module")
@@ -250,6 +250,24 @@ def test_save_png_without_chromium_leaves_a_note(tmp_path, monkeypatch):
     assert "no Chromium found" in (tmp_path / notebook.NOTES_FILE).read_text()
     assert len((tmp_path / notebook.NOTES_FILE).read_text().splitlines()) == 1
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_progress_bar_widget_becomes_its_final_text():
+    view = {"model_id": "bar", "version_major": 2, "version_minor": 0}
+    state = {"bar": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_l", "IPY_MODEL_p", "IPY_MODEL_r"]}},
+             "l": {"model_name": "HTMLModel", "state": {"value": "train:\u2007100%"}},
+             "p": {"model_name": "FloatProgressModel", "state": {"value": 47.0, "max": 47.0}},
+             "r": {"model_name": "HTMLModel", "state": {"value": "47/47 [00:09&lt;00:00]"}},
+             "s": {"model_name": "IntSliderModel", "state": {"value": 3}}}
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": state}}
+    cell = nbformat.v4.new_code_cell("")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={_widgets.WIDGET_MIME: view, "text/plain": "0%"}),
+                    nbformat.v4.new_output("display_data", data={_widgets.WIDGET_MIME: {**view, "model_id": "s"}})]
+    nb.cells = [cell]
+    page, _ = pipeline.export_html(nb)
+    assert "train: 100% |██████████| 47/47 [00:09&lt;00:00]" in page
+    assert page.count("Interactive panel") == 1  # the slider
 
 
 def test_strip_plotly_mathjax():

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from lab.report import _widgets
 from lab.report import notebook as _nbh
 from lab.report._fs import readable, write_text
 from lab.report._math import MathToMathML
@@ -33,9 +34,6 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 TEMPLATE = "offline"
 DEFAULT_KERNEL = "continual-lab"
 FIGURES_SUFFIX = "_figures"
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-WIDGET_NOTE = ("<div class='lab-widget-note' style='border:1px dashed #8c959f;padding:.4em .8em;color:#57606a'>"
-               "Interactive panel: it runs live in JupyterLab (<code>lab jupyter</code>), not in this page.</div>")
 _EXTERNAL_RE = re.compile(
     r"<(script|link|img|iframe|source|embed|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*[\"']?((?:https?:)?//[^\"'\s>]+)",
     re.IGNORECASE)
@@ -107,17 +105,17 @@ def export_html(nb) -> tuple[str, list[str]]:
     from nbconvert import HTMLExporter
 
     nb = copy.deepcopy(nb)
-    nb.metadata.pop("widgets", None)  # widget state only feeds a CDN widget manager
     math = MathToMathML()
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = math.protect(cell.source)
         for out in cell.get("outputs", []):
             data = out.get("data", {})
-            if WIDGET_MIME in data:  # a widget cannot draw offline: say where it works instead
-                out["data"] = {"text/html": WIDGET_NOTE}
+            if _widgets.WIDGET_MIME in data:  # cannot draw offline: final text or a note
+                out["data"] = {"text/html": _widgets.static_html(data[_widgets.WIDGET_MIME], nb.metadata)}
             elif isinstance(data.get("text/markdown"), str):
                 data["text/markdown"] = math.protect(data["text/markdown"])
+    nb.metadata.pop("widgets", None)  # the state only feeds a CDN widget manager
     exporter = HTMLExporter(template_name=TEMPLATE, extra_template_basedirs=[str(TEMPLATES)])
     body, _ = exporter.from_notebook_node(nb)
     body = math.restore(_nbh.strip_plotly_mathjax(body))  # (mathjax: figures shown without setup_notebook())
