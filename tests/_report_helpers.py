@@ -8,6 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("."))
 CHROMIUM = Path("/usr/bin/chromium")
+CELL_TIMEOUT_S = 600  # a hung smoke cell fails its test instead of eating CI's time
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync"]
 
@@ -71,7 +72,7 @@ def smoke_report(tmp_path_factory, notebook: Path) -> dict:
     out = tmp_path_factory.getbasetemp() / "smoke-reports"
     executed = out / f"{notebook.stem}.ipynb"
     if not executed.exists():
-        render_one(notebook, out, profile="smoke", png=False)
+        render_one(notebook, out, profile="smoke", png=False, timeout=CELL_TIMEOUT_S)
     return read_card(executed)
 
 
