@@ -27,3 +27,76 @@ def bar(df, x: str, y: str, title: str = "", color: str | None = None, range_y=(
     fig = px.bar(df, x=x, y=y, color=color, title=title, range_y=range_y, text_auto=".3f")
     fig.update_layout(height=380)
     return fig
+
+
+def heatmap(matrix, x=None, y=None, title: str = "", *, zmin=None, zmax=None, colorscale: str = "Viridis",
+            fmt: str = ".2f", x_title: str = "", y_title: str = "", height: int = 460):
+    """Annotated heatmap of a DataFrame (index = rows, columns = columns) or a 2-D array; NaN cells
+    stay blank."""
+    import numpy as np
+    import plotly.express as px
+
+    if hasattr(matrix, "columns"):
+        x = list(map(str, matrix.columns)) if x is None else x
+        y = list(map(str, matrix.index)) if y is None else y
+        matrix = matrix.to_numpy(dtype=float)
+    z = np.asarray(matrix, dtype=float)
+    fig = px.imshow(z, x=x, y=y, zmin=zmin, zmax=zmax, color_continuous_scale=colorscale, aspect="auto",
+                    text_auto=fmt, title=title, labels=dict(x=x_title, y=y_title, color=""))
+    fig.update_xaxes(side="bottom", type="category")
+    fig.update_yaxes(type="category")
+    fig.update_layout(height=height)
+    return fig
+
+
+def lines(df, x: str, y: str, color: str | None = None, title: str = "", *, range_y=None, log_x: bool = False,
+          y_title: str | None = None, x_title: str | None = None, hover_data=None, dash: str | None = None,
+          height: int = 400):
+    """Line plot with markers from tidy data (one line per ``color`` value)."""
+    import plotly.express as px
+
+    fig = px.line(df, x=x, y=y, color=color, line_dash=dash, markers=True, title=title, range_y=range_y,
+                  log_x=log_x, hover_data=hover_data)
+    fig.update_layout(height=height, yaxis_title=y_title or y, xaxis_title=x_title or x)
+    return fig
+
+
+def grouped_bar(df, x: str, y: str, color: str, title: str = "", *, range_y=None, fmt: str = ".3g",
+                y_title: str | None = None, height: int = 400):
+    """Side-by-side bars, one group per ``x`` value and one bar per ``color`` value."""
+    import plotly.express as px
+
+    fig = px.bar(df, x=x, y=y, color=color, barmode="group", title=title, range_y=range_y, text_auto=fmt)
+    fig.update_layout(height=height, yaxis_title=y_title or y)
+    return fig
+
+
+def distributions(df, x: str, color: str, title: str = "", *, facet_col: str | None = None, nbins: int = 40,
+                  facet_col_wrap: int = 0, height: int = 380):
+    """Overlaid, normalised histograms of ``x`` per ``color`` value (optionally one panel per facet)."""
+    import plotly.express as px
+
+    fig = px.histogram(df, x=x, color=color, facet_col=facet_col, facet_col_wrap=facet_col_wrap, nbins=nbins,
+                       histnorm="probability density", barmode="overlay", opacity=0.6, title=title)
+    fig.update_layout(height=height)
+    return fig
+
+
+def image_grid(images, titles: list[str], title: str = "", *, cols: int = 6, height: int | None = None):
+    """uint8 images ``[N, H, W, 3]`` (or grey ``[N, H, W]``) in a grid, one caption each."""
+    import numpy as np
+    import plotly.express as px
+
+    images = np.asarray(images)
+    if images.ndim == 3:
+        images = np.repeat(images[..., None], 3, -1)
+    cols = min(cols, len(images))
+    fig = px.imshow(images, facet_col=0, facet_col_wrap=cols, binary_string=True, title=title,
+                    facet_col_spacing=0.01, facet_row_spacing=0.08)
+    for ann in fig.layout.annotations:  # facet labels "facet_col=i" -> the captions
+        ann.text = titles[int(ann.text.split("=")[1])]
+        ann.font.size = 10
+    fig.update_xaxes(showticklabels=False).update_yaxes(showticklabels=False)
+    rows = -(-len(images) // cols)
+    fig.update_layout(height=height or 60 + 170 * rows, margin=dict(l=10, r=10, t=60, b=10))
+    return fig

@@ -1,0 +1,54 @@
+"""Stage picker for the ventral-stream notebook: one stage of the frozen backbone at a time."""
+from __future__ import annotations
+
+from lab.widgets import Panel
+
+
+class StagePanel(Panel):
+    """Pick a stage (and a 2-D projection): its linear-probe and nearest-prototype accuracy, the
+    test features of that stage projected to 2-D, and its linear CKA with every other stage.
+
+    ``train`` / ``test``: ``{stage: [N, C]}`` pooled stage features (``lab.analysis.stage_features``
+    or the feature cache); labels ``[N]``. Probe results are memoised per stage.
+    """
+
+    title = "Explore one stage of the frozen stream"
+
+    def __init__(self, train: dict, train_y, test: dict, test_y, class_names: list[str], *,
+                 stage: str | None = None, projection: str = "pca", epochs: int = 20, max_points: int = 600):
+        import ipywidgets as w
+
+        self.train, self.train_y, self.test, self.test_y = train, train_y, test, test_y
+        self.class_names, self.epochs, self.max_points = list(class_names), epochs, max_points
+        self._probe: dict[str, tuple[float, float]] = {}
+        self._cka: dict[str, dict[str, float]] = {}
+        stages = list(train)
+        super().__init__({
+            "stage": w.Dropdown(options=stages, value=stage or stages[-1], description="stage"),
+            "projection": w.ToggleButtons(options=["pca", "tsne"], value=projection, description="projection"),
+        })
+
+    def compute(self, stage: str, projection: str):
+        from lab import analysis, plots, probes
+
+        if stage not in self._probe:
+            self._probe[stage] = (
+                probes.linear_probe_accuracy(self.train[stage], self.train_y, self.test[stage], self.test_y,
+                                             epochs=self.epochs),
+                probes.prototype_accuracy(self.train[stage], self.train_y, self.test[stage], self.test_y))
+            self._cka[stage] = {s: analysis.linear_cka(self.test[stage], self.test[s]) for s in self.test}
+        lin, proto = self._probe[stage]
+        z = probes.project_2d(self.test[stage], projection)
+        scatter = plots.scatter_2d(z, self.test_y, self.class_names, max_points=self.max_points,
+                                   title=f"{stage} ({self.test[stage].shape[1]} channels), {projection.upper()} of test features")
+        import pandas as pd
+
+        cka = pd.DataFrame({"stage": list(self._cka[stage]), "cka": list(self._cka[stage].values())})
+        bar = plots.bar(cka, x="stage", y="cka", title=f"linear CKA of {stage} with every stage (test images)")
+        result = {"stage": stage, "dim": int(self.test[stage].shape[1]), "linear_probe": lin, "prototype": proto,
+                  "cka": dict(self._cka[stage])}
+        return result, [scatter, bar]
+
+    def describe(self, r) -> str:
+        return (f"<b>{r['stage']}</b>: linear probe {r['linear_probe']:.3f}, nearest prototype "
+                f"{r['prototype']:.3f} ({r['dim']} channels)")
