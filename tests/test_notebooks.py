@@ -45,4 +45,5 @@ def test_runs_with_smoke_parameters_and_records_finite_metrics(path, tmp_path_fa
     assert numbers, f"{path.name}: recorded only strings {metrics}"
     assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers.values()), numbers
     if card["seconds"] > SMOKE_BUDGET_S:
-        warnings.warn(f"{path.name}: smoke run took {card['seconds']:.0f} s (budget {SMOKE_BUDGET_S} s)")
+        warnings.warn(f"{path.name}: smoke run took {card['seconds']:.0f} s (budget {SMOKE_BUDGET_S} s)",
+                      stacklevel=1)

@@ -118,8 +118,8 @@ def _card_html(c: dict[str, Any]) -> str:
     for note in list(c["notes"]) + list(c["warnings"]):
         parts.append(f"<p class='meta'>Note: {e(note)}</p>")
     if c["figures"]:
-        figs = "".join(f"<a href='{e(c['name'])}_figures/{e(f)}'><img alt='{e(f)}' src='{e(c['name'])}_figures/{e(f)}'></a>"
-                       for f in c["figures"])
+        folder = f"{e(c['name'])}_figures"
+        figs = "".join(f"<a href='{folder}/{e(f)}'><img alt='{e(f)}' src='{folder}/{e(f)}'></a>" for f in c["figures"])
         parts.append(f"<div class='figs'>{figs}</div>")
     if c["params"]:
         parts.append(f"<p class='meta'>parameters: <code>{e(json.dumps(c['params']))}</code></p>")

@@ -9,8 +9,9 @@ source of truth and moves as one file::
     }}}
 
 Values override the defaults of the cell tagged ``parameters``; a profile left out, or empty,
-means "the cell's defaults". :func:`declare` writes this block into a notebook file. Names are checked against that cell before anything runs, since
-papermill itself only warns about a parameter the notebook does not have.
+means "the cell's defaults". :func:`declare` writes this block into a notebook file. Names are
+checked against that cell before anything runs, since papermill itself only warns about a
+parameter the notebook does not have.
 """
 from __future__ import annotations
 
