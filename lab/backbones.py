@@ -159,6 +159,18 @@ def load(name: str = DEFAULT_BACKBONE, *, resolution: int | None = None, weights
     return bb
 
 
+def param_count(name: str) -> int:
+    """Parameters of the backbone's architecture (as loaded: no ImageNet head for the ViTs),
+    counted on the meta device: no weights are read or allocated."""
+    import timm
+    import torch
+
+    arch, kw = _REGISTRY.info(name)["arch"]
+    with torch.device("meta"):
+        model = timm.create_model(arch, pretrained=False, **kw)
+    return sum(p.numel() for p in model.parameters())
+
+
 def weights_available(name: str) -> tuple[bool, str]:
     """(available, where) without building the model."""
     return _REGISTRY.info(name)["available"]()
@@ -192,7 +204,8 @@ def _lite0_available():
 
 
 @_REGISTRY.register("efficientnet_lite0", default_resolution=DEFAULT_RESOLUTION, resolution_range=(32, 512, 1),
-                    feature_dim=1280, pretrained="ImageNet-1k", untrained=False, available=_lite0_available)
+                    feature_dim=1280, pretrained="ImageNet-1k", untrained=False, available=_lite0_available,
+                    arch=("tf_efficientnet_lite0", {}))
 def _efficientnet_lite0(resolution: int, weights: str | None = None) -> Backbone:
     import timm
     import torch
@@ -270,7 +283,8 @@ def _vit_b_available():
 
 
 @_REGISTRY.register(_VIT_B, default_resolution=224, resolution_range=(32, 1024, 16), feature_dim=768,
-                    pretrained="ImageNet-21k (augreg)", untrained=False, available=_vit_b_available)
+                    pretrained="ImageNet-21k (augreg)", untrained=False, available=_vit_b_available,
+                    arch=("vit_base_patch16_224", {"num_classes": 0}))
 def _vit_base_in21k(resolution: int, weights: str | None = None) -> Backbone:
     import timm
 
@@ -296,7 +310,7 @@ def _vit_base_in21k(resolution: int, weights: str | None = None) -> Backbone:
 # --- vit_tiny_patch16_224 (untrained) ----------------------------------------------------------
 @_REGISTRY.register("vit_tiny_patch16_224", default_resolution=224, resolution_range=(32, 1024, 16),
                     feature_dim=192, pretrained="none (UNTRAINED, random init seed 0)", untrained=True,
-                    available=lambda: (True, "random init (untrained)"))
+                    available=lambda: (True, "random init (untrained)"), arch=("vit_tiny_patch16_224", {"num_classes": 0}))
 def _vit_tiny_random(resolution: int, weights: str | None = None) -> Backbone:
     import timm
     import torch

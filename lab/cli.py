@@ -25,15 +25,10 @@ def cmd_backbones(args) -> int:
     for name in B.list_backbones():
         info = B.backbone_info(name)
         ok, where = B.weights_available(name)
-        row = {"backbone": name + (" (UNTRAINED)" if info["untrained"] else ""), "weights": info["pretrained"],
-               "feature_dim": info["feature_dim"], "default_px": info["default_resolution"],
-               "available": "yes" if ok else "no", "where / how": where}
-        if args.params:
-            row["params"] = f"{B.load(name).num_params:,}" if ok else "?"
-        rows.append(row)
+        rows.append({"backbone": name + (" (UNTRAINED)" if info["untrained"] else ""), "weights": info["pretrained"],
+                     "params": f"{B.param_count(name):,}", "feature_dim": info["feature_dim"],
+                     "default_px": info["default_resolution"], "available": "yes" if ok else "no", "where / how": where})
     print(_table(rows))
-    if not args.params:
-        print("\n(--params builds each available model to count its parameters)")
     return 0
 
 
@@ -77,8 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lab", description="continual-lab: TOSCA and AWARe on real pretrained models.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    b = sub.add_parser("backbones", help="list frozen backbones, feature dims and weight availability")
-    b.add_argument("--params", action="store_true", help="also build each available model and count parameters")
+    b = sub.add_parser("backbones", help="list frozen backbones: parameters, feature dim, weight availability")
     b.set_defaults(func=cmd_backbones)
 
     d = sub.add_parser("datasets", help="list datasets with size, classes, licence and availability")

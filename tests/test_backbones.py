@@ -81,3 +81,8 @@ def test_vit_base_offline_fails_fast_with_instructions(monkeypatch, tmp_path):
         backbones.load("vit_base_patch16_224.augreg_in21k")
     with pytest.raises(backbones.WeightsUnavailable, match="does not exist"):
         backbones.load("vit_base_patch16_224.augreg_in21k", weights=str(tmp_path / "missing.safetensors"))
+
+
+@pytest.mark.parametrize("name", ["efficientnet_lite0", "vit_tiny_patch16_224"])
+def test_param_count_matches_the_loaded_model(name):
+    assert backbones.param_count(name) == backbones.load(name).num_params
