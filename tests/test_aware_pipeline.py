@@ -12,7 +12,7 @@ from lab.aware.freeze import RowSplitLinear
 from lab.aware.minillava import MiniLlava
 from lab.aware.prompts import ChatEncoder, Encoded
 from lab.aware.saliency import profile
-from lab.aware.scoring import answer_loss, option_scores
+from lab.aware.scoring import answer_loss, forward, model_inputs, option_scores
 from lab.aware.tasks import QASet, QuestionTemplate, calibration, exact_match
 from lab.aware.tiny import tiny_minillava, tiny_tokenizer
 
@@ -76,11 +76,32 @@ def test_option_scores_equal_full_sequence_scoring(tok):
         r = next(img_iter) if qa.image_index[i] >= 0 else None
         for k, o in enumerate(opts):
             full = enc.collate([Encoded(e.ids + tuple(o), e.image_start, 0)],
-                               qa.tokens[[r]] if r is not None else None)
+                               qa.tokens[[r]] if r is not None else None, share_prefix=False)
             with torch.no_grad():
                 lp = model(**full).logits[0].log_softmax(-1)
             ref = sum(float(lp[len(e.ids) - 1 + t, o[t]]) for t in range(len(o)))
             assert got[i, k].item() == pytest.approx(ref, abs=1e-4)
+
+
+def test_shared_prefix_forward_equals_plain_forward_with_gradients(tok):
+    qa = qaset(6, text_every=3)
+    grads, losses = [], []
+    for share in (True, False):
+        model, enc = model_and_enc(tok)
+        encs = [enc.encode(qa.questions[i], qa.answers[i], image=qa.image_index[i] >= 0) for i in range(6)]
+        batch = enc.collate(encs, qa.tokens[[int(i) for i in qa.image_index if i >= 0]], share_prefix=share)
+        assert ("prefix_len" in batch) == share and batch.get("prefix_len", 0) >= (8 if share else 0)
+        loss = answer_loss(model, batch)
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(model.language_model.model.layers[0].self_attn.k_proj.weight.grad.clone())
+        with torch.no_grad():
+            logits = forward(model, batch, logits_to_keep=3).logits
+        if share:
+            ref = logits
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(ref, logits, rtol=1e-4, atol=1e-5)
 
 
 def test_answer_loss_only_on_answer_tokens(tok):
@@ -88,14 +109,14 @@ def test_answer_loss_only_on_answer_tokens(tok):
     batch = next(iterate(qaset(4), enc, 4, answers=True))
     loss = answer_loss(model, batch)
     with torch.no_grad():
-        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        logits = model(**model_inputs(batch)).logits
     ref = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten())
     assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
 
 
 def test_profile_minillava_hooks_projector_and_lm(tok):
     model, enc = model_and_enc(tok)
-    cal = [{k: v for k, v in b.items() if k != "labels"} for b in iterate(qaset(8), enc, 4, answers=True)]
+    cal = [model_inputs(b) for b in iterate(qaset(8), enc, 4, answers=True)]
     sal = profile(model, cal, targets="qkv+projector", progress=False)
     assert {"mm_projector.0", "mm_projector.2"} <= set(sal.scores)
     assert len(sal.scores) == 2 + 3 * 2 and sal.n_samples == 8
@@ -106,8 +127,7 @@ def test_every_method_trains_and_finishes_as_a_standard_model(tok, method, tmp_p
     model, enc = model_and_enc(tok)
     qa = qaset(16)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    sal = profile(model, [{k: v for k, v in b.items() if k != "labels"}
-                          for b in iterate(qa, enc, 8, answers=True)], progress=False)
+    sal = profile(model, [model_inputs(b) for b in iterate(qa, enc, 8, answers=True)], progress=False)
     spec = MethodSpec(method, AwareConfig(rho=0.3))
     cfg = TrainConfig(steps=2, batch_size=4, weight_decay=0.1)
     model, groups, info = prepare(model, spec, cfg, saliency=sal)

@@ -67,11 +67,21 @@ def load_language_model(name: str = SMOLLM2, *, cache_dir=None, dtype=torch.floa
     folder, gguf = smollm2_gguf()
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=dtype)
-    # De-quantised weights are plain floats now: drop the GGUF marker so checkpoints are standard.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    _drop_gguf_marker(model)
     _save_atomically(plain, lambda d: (model.save_pretrained(d), tok.save_pretrained(d)))
     return tok, model
+
+
+def _drop_gguf_marker(model) -> None:
+    """GGUF weights are de-quantised to plain floats on load, but transformers keeps the GGUF
+    quantizer attached and then refuses ``save_pretrained``: detach it so the model is standard."""
+    model.hf_quantizer = None
+    for attr in ("quantization_config",):
+        if hasattr(model.config, attr):
+            delattr(model.config, attr)
+    for attr in ("is_quantized", "quantization_method"):
+        if attr in vars(model):
+            delattr(model, attr)
 
 
 def _save_atomically(dest: Path, writer) -> None:

@@ -8,6 +8,12 @@ A sample is rendered with the language model's *own* chat template::
 Batches are **left**-padded so that every prompt ends at the last position: the answer tokens of
 all samples then sit in the last ``k`` positions and the loss needs logits only there
 (``logits_to_keep``), and multiple-choice scoring can continue every prompt from one KV cache.
+
+The tokens every sample of a batch shares (system turn and user tag, ~40 % of a short prompt) are
+kept in front of the padding: ``[shared prefix | pads | rest]``, with explicit ``position_ids`` and
+``prefix_len`` in the batch. :func:`lab.aware.scoring.forward` then runs the prefix once, at batch
+size 1, and the rest of every sample on top of its (expanded) KV cache — the same numbers as a plain
+forward (gradients included) for ~40 % less compute.
 """
 from __future__ import annotations
 
@@ -69,8 +75,11 @@ class ChatEncoder:
         """Token ids of answer options as they follow the assistant tag (no end token)."""
         return [self._ids(o) for o in options]
 
-    def collate(self, encoded: Sequence[Encoded], images: Tensor | None = None) -> dict:
-        """Left-pad to a batch. ``images`` ``[n_with_image, n_tokens, C]`` in sample order."""
+    def collate(self, encoded: Sequence[Encoded], images: Tensor | None = None, *,
+                share_prefix: bool = True) -> dict:
+        """Batch ``[shared prefix | left padding | rest]``. ``images`` ``[n_with_image, n_tokens, C]``
+        in sample order. ``share_prefix=False`` gives plain left padding."""
+        p = _shared_prefix(encoded) if share_prefix else 0
         length = max(len(e.ids) for e in encoded)
         b = len(encoded)
         input_ids = torch.full((b, length), self.pad_id, dtype=torch.long)
@@ -79,13 +88,18 @@ class ChatEncoder:
         labels = torch.full((b, length), -100, dtype=torch.long)
         for i, e in enumerate(encoded):
             pad = length - len(e.ids)
-            input_ids[i, pad:] = torch.tensor(e.ids)
-            attention_mask[i, pad:] = 1
+            input_ids[i, :p] = torch.tensor(e.ids[:p])
+            input_ids[i, p + pad:] = torch.tensor(e.ids[p:])
+            attention_mask[i, :p] = 1
+            attention_mask[i, p + pad:] = 1
             if e.image_start >= 0:
                 image_mask[i, pad + e.image_start: pad + e.image_start + self.n_image] = True
             if e.n_answer:
                 labels[i, length - e.n_answer:] = input_ids[i, length - e.n_answer:]
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
+        position_ids = (attention_mask.cumsum(1) - 1).clamp_min(0)
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        if p:
+            batch["prefix_len"] = p
         if image_mask.any():
             if images is None:
                 raise ValueError("batch has image placeholders but no visual tokens")
@@ -93,3 +107,15 @@ class ChatEncoder:
         if any(e.n_answer for e in encoded):
             batch["labels"] = labels
         return batch
+
+
+def _shared_prefix(encoded: Sequence[Encoded]) -> int:
+    """Length of the token prefix all samples share, stopping before any image placeholder and
+    leaving at least one token of every sample to run on top of it (0 if under 2 tokens)."""
+    first = encoded[0].ids
+    limit = min(len(e.ids) for e in encoded) - 1
+    limit = min([limit] + [e.image_start for e in encoded if e.image_start >= 0])
+    n = 0
+    while n < limit and all(e.ids[n] == first[n] for e in encoded):
+        n += 1
+    return n if n >= 2 else 0

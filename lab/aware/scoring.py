@@ -26,15 +26,37 @@ def _cache_kw(lm: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(lm.forward).parameters else "past_key_values"
 
 
-def _inputs(batch: dict) -> dict:
-    return {k: v for k, v in batch.items() if k != "labels"}
+def model_inputs(batch: dict) -> dict:
+    """The keyword arguments a plain ``model(**...)`` call takes (no labels, no prefix marker)."""
+    return {k: v for k, v in batch.items() if k not in ("labels", "prefix_len")}
+
+
+def forward(model: nn.Module, batch: dict, *, logits_to_keep: int = 0, use_cache: bool = False):
+    """``model(**batch)``, running a shared prefix (``batch['prefix_len']``) once at batch size 1.
+
+    The prefix's KV cache is expanded to the batch and the rest of every sample runs on top of it:
+    the same logits and gradients as the plain call (the prefix has no padding and no image)."""
+    p = batch.get("prefix_len", 0)
+    inputs = model_inputs(batch)
+    if not p:
+        return model(**inputs, logits_to_keep=logits_to_keep, use_cache=use_cache)
+    lm = _lm(model)
+    kw = _cache_kw(lm)
+    ids, pos = inputs["input_ids"], inputs["position_ids"]
+    head = lm(input_ids=ids[:1, :p], position_ids=pos[:1, :p], use_cache=True, logits_to_keep=1)
+    cache = getattr(head, kw)
+    cache.batch_repeat_interleave(ids.shape[0])                      # (1, ...) -> (B, ...)
+    rest = {"input_ids": ids[:, p:], "attention_mask": inputs["attention_mask"], "position_ids": pos[:, p:]}
+    if "images" in inputs:
+        rest.update(images=inputs["images"], image_mask=inputs["image_mask"][:, p:])
+    return model(**rest, logits_to_keep=logits_to_keep, use_cache=True, **{kw: cache})
 
 
 def answer_loss(model: nn.Module, batch: dict) -> Tensor:
     """Mean token cross-entropy over the answer positions marked in ``batch['labels']`` (left-padded)."""
     labels = batch["labels"]                                         # (B, L), -100 outside answers
     k = int((labels != -100).sum(1).max())
-    logits = model(**_inputs(batch), logits_to_keep=k + 1).logits   # (B, k+1, V)
+    logits = forward(model, batch, logits_to_keep=k + 1).logits      # (B, k+1, V)
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, -k:].flatten())
 
 
@@ -47,7 +69,7 @@ def option_scores(model: nn.Module, batch: dict, options: Sequence[Sequence[Sequ
     """
     lm = _lm(model)
     kw = _cache_kw(lm)
-    out = model(**_inputs(batch), use_cache=True, logits_to_keep=1)
+    out = forward(model, batch, use_cache=True, logits_to_keep=1)
     first = out.logits[:, -1].float().log_softmax(-1)                # (B, V)
     b, k = len(options), len(options[0])
     if b != first.shape[0] or any(len(o) != k for o in options):
@@ -65,9 +87,10 @@ def option_scores(model: nn.Module, batch: dict, options: Sequence[Sequence[Sequ
         o = options[i][j]
         feed[r, : len(o) - 1] = torch.tensor(o[:-1])
         target[r, : len(o) - 1] = torch.tensor(o[1:])
-    prompt_mask = batch["attention_mask"][[i for i, _ in rows]]
-    mask = torch.cat([prompt_mask, (target != -100).long()], 1)
-    logp = lm(input_ids=feed, attention_mask=mask, **{kw: cache}).logits.float().log_softmax(-1)
+    sel = [i for i, _ in rows]
+    mask = torch.cat([batch["attention_mask"][sel], (target != -100).long()], 1)
+    pos = batch["position_ids"][sel, -1:] + 1 + torch.arange(t)       # continue each prompt's positions
+    logp = lm(input_ids=feed, attention_mask=mask, position_ids=pos, **{kw: cache}).logits.float().log_softmax(-1)
     tok_lp = logp.gather(-1, target.clamp_min(0)[..., None])[..., 0] * (target != -100)
     extra = torch.zeros_like(scores)
     for r, (i, j) in enumerate(rows):
@@ -80,8 +103,9 @@ def greedy_answers(model: nn.Module, batch: dict, *, max_new_tokens: int, eos_id
     """Greedy continuation (KV cache) of every prompt, stopped at ``eos_id``; returns token ids."""
     lm = _lm(model)
     kw = _cache_kw(lm)
-    out = model(**_inputs(batch), use_cache=True, logits_to_keep=1)
+    out = forward(model, batch, use_cache=True, logits_to_keep=1)
     mask = batch["attention_mask"]
+    pos = batch["position_ids"][:, -1:]
     done = torch.zeros(mask.shape[0], dtype=torch.bool)
     result: list[list[int]] = [[] for _ in range(mask.shape[0])]
     nxt = out.logits[:, -1].argmax(-1)
@@ -96,7 +120,9 @@ def greedy_answers(model: nn.Module, batch: dict, *, max_new_tokens: int, eos_id
         if bool(done.all()):
             break
         mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype)], 1)
-        out = lm(input_ids=nxt[:, None], attention_mask=mask, use_cache=True, logits_to_keep=1, **{kw: cache})
+        pos = pos + 1
+        out = lm(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, use_cache=True,
+                 logits_to_keep=1, **{kw: cache})
         cache = getattr(out, kw)
         nxt = out.logits[:, -1].argmax(-1)
     return result

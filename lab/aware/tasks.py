@@ -126,15 +126,16 @@ def downstream(name: str, *, n_train: int, n_test: int, seed: int = 0, grid: int
     for split, n, s in (("train", n_train, seed + 1), ("test", n_test, 12345)):
         sp = getattr(ds, split)
         idx = _pick(len(sp.labels), n, s)
-        tokens = visual_tokens(sp.images, grid=grid, cache_dir=cache_dir, progress=progress)
+        tokens = visual_tokens(sp.images[idx], grid=grid, cache_dir=cache_dir, progress=progress)  # only what is used
         out[split] = QASet(f"{name}/{split}", [tmpl.question] * len(idx),
                            [tmpl.render(int(sp.labels[i]), names) for i in idx], [options] * len(idx),
-                           idx.astype(np.int64), tokens)
+                           np.arange(len(idx), dtype=np.int64), tokens)
     return Task(name, out["train"], out["test"])
 
 
 # --- upstream ----------------------------------------------------------------------------------
-def _easy_vqa_split(split: str, grid: int, cache_dir, progress: bool) -> QASet:
+def _easy_vqa_split(split: str, n: int, seed: int, grid: int, cache_dir, progress: bool) -> QASet:
+    """``n`` questions of one split; visual tokens only for the images they ask about."""
     import easy_vqa
     from PIL import Image
 
@@ -142,21 +143,21 @@ def _easy_vqa_split(split: str, grid: int, cache_dir, progress: bool) -> QASet:
 
     qs, ans, img_ids = (easy_vqa.get_train_questions() if split == "train" else easy_vqa.get_test_questions())
     paths = easy_vqa.get_train_image_paths() if split == "train" else easy_vqa.get_test_image_paths()
-    order = sorted(paths)
-    images = np.stack([np.asarray(Image.open(paths[i]).convert("RGB")) for i in order])   # (N, 64, 64, 3)
-    row = {img: r for r, img in enumerate(order)}
+    pick = _pick(len(qs), n, seed)
+    used = sorted({img_ids[i] for i in pick})
+    row = {img: r for r, img in enumerate(used)}
+    images = np.stack([np.asarray(Image.open(paths[i]).convert("RGB")) for i in used])   # (N, 64, 64, 3)
     options = tuple(easy_vqa.get_answers())
     tokens = visual_tokens(images, grid=grid, cache_dir=cache_dir, progress=progress)
-    return QASet(f"easy_vqa/{split}", list(qs), list(ans), [options] * len(qs),
-                 np.array([row[i] for i in img_ids], dtype=np.int64), tokens)
+    return QASet(f"easy_vqa/{split}", [qs[i] for i in pick], [ans[i] for i in pick], [options] * len(pick),
+                 np.array([row[img_ids[i]] for i in pick], dtype=np.int64), tokens)
 
 
 def easy_vqa(*, n_train: int, n_test: int, seed: int = 0, grid: int = 2, cache_dir=None,
              progress: bool = True) -> Task:
     """easy-VQA questions; ``n_train`` from the train split, ``n_test`` fixed from the test split."""
-    train = _easy_vqa_split("train", grid, cache_dir, progress)
-    test = _easy_vqa_split("test", grid, cache_dir, progress)
-    return Task("easy_vqa", train.subset(_pick(len(train), n_train, seed)), test.subset(_pick(len(test), n_test, 7)))
+    return Task("easy_vqa", _easy_vqa_split("train", n_train, seed, grid, cache_dir, progress),
+                _easy_vqa_split("test", n_test, 7, grid, cache_dir, progress))
 
 
 def probe(path: str | Path = PROBE_FILE) -> Task:

@@ -1,0 +1,158 @@
+"""``lab aware profile | finetune | ablate`` (registered into ``lab``'s CLI; imports are lazy)."""
+from __future__ import annotations
+
+import argparse
+
+_GROUPS = ("methods", "rule", "rho", "targets", "calibration", "calib_size", "continual")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("aware", help="AWARe on the mini-LLaVA: profile saliency, fine-tune, run ablations",
+                              description="AWARe (activation-weighted adaptive retention) on the offline "
+                                          "mini-LLaVA (efficientnet_lite0 + projector + SmolLM2-135M).")
+    sub = p.add_subparsers(dest="aware_command", metavar="ACTION")
+
+    def common(q):
+        q.add_argument("--size", default="default", choices=["smoke", "default", "large"],
+                       help="data/steps preset (smoke: seconds-scale check; default: ~15 min sweep on 2 CPU cores)")
+        q.add_argument("--cache-dir", default=None, help="cache root (default $LAB_CACHE_DIR or ~/.cache/continual-lab)")
+        q.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    q = sub.add_parser("profile", help="saliency of every target neuron on a calibration set (safetensors)")
+    common(q)
+    q.add_argument("--calib", default="upstream", choices=["upstream", "proxy"], help="calibration set")
+    q.add_argument("--n", type=int, default=200, help="calibration samples (default 200)")
+    q.add_argument("--targets", default="qkv+projector",
+                   help="preset (qkv, qkv+projector, qkv+projector+mlp) or comma-separated name patterns")
+    q.add_argument("--out", default=None, help="output .safetensors (default: a new run directory)")
+    q.set_defaults(func=cmd_profile)
+
+    q = sub.add_parser("finetune", help="fine-tune one method on one downstream task; print upstream retention")
+    common(q)
+    q.add_argument("--method", default="aware", choices=["zero-shot", "full", "lora", "dora", "aware"])
+    q.add_argument("--task", default="fashion", choices=["fashion", "digits", "even"])
+    q.add_argument("--rho", type=float, default=0.3, help="retention ratio in [0, 1] (AWARe)")
+    q.add_argument("--rule", default="activation-global",
+                   choices=["activation-global", "activation-balanced", "weight-norm", "random"])
+    q.add_argument("--targets", default="qkv+projector")
+    q.add_argument("--calib", default="upstream", choices=["upstream", "proxy"])
+    q.add_argument("--steps", type=int, default=None, help="training steps (default: the size preset's)")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--save", default=None, help="save the fine-tuned (merged, standard) model to this folder")
+    q.set_defaults(func=cmd_finetune)
+
+    q = sub.add_parser("ablate", help="run the sweep (methods, rule, rho, targets, calibration, continual); print the table")
+    common(q)
+    q.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the size preset's)")
+    q.add_argument("--groups", nargs="+", default=None, choices=_GROUPS,
+                   help="only these groups (full fine-tuning and main AWARe always run: E needs them)")
+    q.add_argument("--task", default="fashion", choices=["fashion", "digits", "even"])
+    q.add_argument("--run-dir", default=None, help="output folder (default: a new unique runs/aware/... folder)")
+    q.set_defaults(func=cmd_ablate)
+    p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
+
+
+def _threads():
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+
+
+def _ctx(args):
+    from lab.aware.ablate import SIZES, setup
+
+    _threads()
+    return setup(SIZES[args.size], progress=not args.quiet, cache_dir=args.cache_dir)
+
+
+def cmd_profile(args) -> int:
+    from dataclasses import replace
+
+    from lab import runs
+    from lab.aware import tasks
+    from lab.aware.ablate import SIZES, _save_saliency
+    from lab.aware.continual import calibration_batches
+    from lab.aware.saliency import profile
+
+    if args.n < 1:
+        raise ValueError(f"the calibration set is empty (--n {args.n})")
+    from lab.aware.ablate import setup
+
+    size = replace(SIZES[args.size], n_calib=args.n, calib_sizes=())
+    _threads()
+    ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir)
+    qa = ctx.calib[(args.calib, args.n)] if (args.calib, args.n) in ctx.calib else \
+        tasks.calibration(args.calib, args.n, upstream=ctx.easy)
+    sal = profile(ctx.base, calibration_batches(qa, ctx.enc), targets=args.targets, progress=not args.quiet)
+    out_dir = runs.new_run_dir("aware", f"profile-{args.calib}-{args.n}") if not args.out else None
+    if args.out:
+        from lab._io import save_tensors
+
+        save_tensors(args.out, {"matrix": sal.matrix(), **{f"layer/{k}": v for k, v in sal.scores.items()}})
+        where = args.out
+    else:
+        _save_saliency(out_dir, (args.calib, args.n), sal)
+        where = out_dir
+    top = sorted(((float(v.max()), k) for k, v in sal.scores.items()), reverse=True)[:5]
+    print(f"profiled {len(sal.scores)} layers on {sal.n_samples} samples in {sal.seconds:.1f}s "
+          f"({sal.seconds / max(sal.n_samples, 1) * 1000:.0f} ms/sample) -> {where}")
+    for v, k in top:
+        print(f"  max saliency {v:.4f}  {k}")
+    return 0
+
+
+def cmd_finetune(args) -> int:
+    from dataclasses import replace
+
+    from lab.aware.ablate import MAIN, Variant, run_variant, upstream
+    from lab.aware.config import AwareConfig
+    from lab.aware.continual import calibration_batches
+    from lab.aware.finetune import MethodSpec
+    from lab.aware.saliency import profile
+
+    aware = AwareConfig(rho=args.rho, rule=args.rule, targets=args.targets)   # validates before work
+    ctx = _ctx(args)
+    if args.steps is not None:
+        ctx.size = replace(ctx.size, train=replace(ctx.size.train, steps=args.steps))
+    ctx.before = upstream(ctx.base, ctx, exact=False)
+    key = (args.calib, ctx.size.n_calib)
+    if args.method == "aware" and aware.rule.startswith("activation"):
+        ctx.saliency[key] = profile(ctx.base, calibration_batches(ctx.calib[key], ctx.enc),
+                                    targets=aware.targets, progress=not args.quiet)
+    v = Variant("cli", args.method, MethodSpec(args.method, aware if args.method != "full" else MAIN), calib=args.calib)
+    row, info = run_variant(ctx, v, args.task, args.seed, not args.quiet, keep_model=bool(args.save))
+    print(f"{args.method} on {args.task}: downstream acc {row['downstream']:.3f}; upstream easy-VQA "
+          f"{ctx.before['easy_vqa']:.3f} -> {row['up_easy_vqa']:.3f}, probe {ctx.before['probe']:.3f} -> "
+          f"{row['up_probe']:.3f}; R {row['R']:.1f}; trainable {row['trainable_frac'] * 100:.1f}%; "
+          f"{row['step_s']:.2f} s/step")
+    if args.save:
+        info["model"].save_pretrained(args.save)
+        print(f"saved a standard checkpoint to {args.save}")
+    return 0
+
+
+def cmd_ablate(args) -> int:
+    from lab.aware.ablate import summary, sweep
+
+    ctx = _ctx(args)
+    out = sweep(ctx, seeds=tuple(args.seeds) if args.seeds else None,
+                groups=tuple(args.groups) if args.groups else None, task=args.task,
+                run_dir=args.run_dir, progress=not args.quiet)
+    import pandas as pd
+
+    with pd.option_context("display.width", 160, "display.max_columns", 20, "display.precision", 3):
+        print("\nupstream skills before fine-tuning:")
+        print(out["upstream_before"].to_string(index=False))
+        print("\nR, E, H (mean over seeds):")
+        print(summary(out["results"]).to_string(index=False))
+        if len(out["continual_summary"]):
+            print("\ncontinual sequence:")
+            print(out["continual_summary"].to_string(index=False))
+        if len(out["overlap"]):
+            print("\nmask overlap (rho=0.3, q/k/v+projector):")
+            print(out["overlap"].to_string(index=False))
+    print(f"\nwall time {out['timings']['total_s']:.0f}s; tables in {out['run_dir']}")
+    return 0
