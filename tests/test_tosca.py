@@ -260,3 +260,14 @@ def test_task_accuracies_and_matrix():
     assert mat.shape == (4, 2)
     s = M.summarize(R, [90, 65, 60])
     assert set(s) == {"avg_inc_acc", "last_acc", "forgetting", "bwt"}
+
+
+def test_static_engine_matches_the_eager_loop():
+    data = synthetic_data(num_tasks=2, dim=16, noise=2.0, n_train=37)  # 74 samples: a padded last batch
+    a, b = _train(data), _train(data, engine="static")
+    torch.testing.assert_close(a.all_logits(data.test_x), b.all_logits(data.test_x), rtol=1e-4, atol=1e-4)
+    assert [r["epoch"] for r in a.log] == [r["epoch"] for r in b.log]
+    for ra, rb in zip(a.log, b.log):
+        assert ra["ce"] == pytest.approx(rb["ce"], rel=1e-4)
+    with pytest.raises(ValueError, match="needs device='cuda'"):
+        ToscaConfig(engine="cuda_graph")

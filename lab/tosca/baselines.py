@@ -20,12 +20,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from .head import CosineHead, class_means
-from .learner import NonFiniteLoss, ToscaConfig, cosine_lr, sgd_step
+from .learner import NonFiniteLoss, ToscaConfig, cosine_lr, cpu_threads, sgd_step
 
 
 def train_head(head: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: ToscaConfig,
                generator: torch.Generator, *, what: str = "head", on_epoch=None) -> list[float]:
     """Train ``head`` alone on features ``x [n, d]`` with CE and TOSCA's optimiser; per-epoch losses."""
+    with cpu_threads(cfg.threads):
+        return _train_head(head, x, y, cfg, generator, what, on_epoch)
+
+
+def _train_head(head, x, y, cfg, generator, what, on_epoch) -> list[float]:
     params = list(head.parameters())
     bufs = [torch.zeros_like(p) for p in params]
     losses = []

@@ -125,7 +125,7 @@ class LayerwiseAdapter:
                 loss = F.cross_entropy(self.train_head(self.adapted.features(x)), y[idx])
                 sgd_step(params, torch.autograd.grad(loss, params), bufs, lr=lr, momentum=cfg.momentum,
                          weight_decay=cfg.weight_decay)
-                total += float(loss) * len(idx)
+                total += float(loss.detach()) * len(idx)
             if not math.isfinite(total):
                 raise NonFiniteLoss(f"layer-wise adapter: loss became {total} in task 0, epoch {epoch}")
             if on_epoch:

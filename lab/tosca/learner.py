@@ -14,6 +14,7 @@ reference's setting) passes a callable that runs the frozen backbone on augmente
 from __future__ import annotations
 
 import math
+import contextlib
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -23,6 +24,9 @@ from torch import nn
 
 from .head import CosineHead, class_means
 from .luca import LuCA, check_flow
+
+
+ENGINES = ("eager", "static", "cuda_graph")
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -45,6 +49,13 @@ class ToscaConfig:
     seed: int = 1993
     head_scale: float = 1.0  # initial σ of the cosine head (learned)
     device: str = "cpu"  # ours: where the modules train ('cuda' for the GPU path)
+    # ours: CPU intra-op threads while training (0 = leave torch's setting). At batch 48 each op is
+    # too small to split, and on a busy machine OpenMP spin-waits dominate: measured 7 ms/step with
+    # 1 thread vs 144 ms with 2 on the shared 2-core box (load ~6).
+    threads: int = 1
+    # ours: 'eager' (the loop below), 'static' (fixed-shape buffers, padded last batch) or
+    # 'cuda_graph' (static, each epoch captured once as a CUDA graph and replayed; needs cuda)
+    engine: str = "eager"
 
     def __post_init__(self):
         check_flow(self.flow)
@@ -54,11 +65,29 @@ class ToscaConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0 (got {v!r})")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; valid engines: {', '.join(ENGINES)}")
+        if self.engine == "cuda_graph" and not str(self.device).startswith("cuda"):
+            raise ValueError("engine 'cuda_graph' needs device='cuda'")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (got {self.threads})")
         if self.head_scale <= 0:
             raise ValueError(f"head_scale must be > 0 (got {self.head_scale})")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int):
+    """Temporarily set torch's intra-op threads (no-op for n == 0)."""
+    old = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 def cosine_lr(cfg: ToscaConfig, epoch: int) -> float:
@@ -112,7 +141,13 @@ class Tosca(nn.Module):
         if classes != list(range(self.head.num_classes, self.head.num_classes + len(classes))):
             raise ValueError(f"task {t}: classes must continue the label space at {self.head.num_classes}, got {classes}")
         x, y = x.to(dev, torch.float32), y.to(dev)
+        cached = batch_features is None  # augment mode keeps torch's threads for the backbone
         batch_features = batch_features or (lambda idx: x[idx])
+        with cpu_threads(cfg.threads if dev == "cpu" and cached else 0):
+            return self._learn_task(t, classes, x, y, batch_features, on_epoch)
+
+    def _learn_task(self, t, classes, x, y, batch_features, on_epoch) -> LuCA:
+        cfg, dev = self.config, self.config.device
         gen = torch.Generator().manual_seed(cfg.seed + t)  # per task: a resumed run draws the same numbers
 
         luca = LuCA(self.dim, ratio=cfg.ratio, flow=cfg.flow).to(dev)
@@ -121,8 +156,17 @@ class Tosca(nn.Module):
         params = [*luca.parameters(), *self.head.parameters()]
         n_luca = len(list(luca.parameters()))
         bufs = [torch.zeros_like(p) for p in params]
+        if cfg.engine != "eager":  # the same maths on static buffers, optionally one CUDA graph per epoch
+            from ._graph import train_static
 
-        for epoch in range(cfg.epochs):
+            log = train_static(luca, self.head, x, y, cfg, gen, capture=cfg.engine == "cuda_graph", t=t,
+                               on_epoch=on_epoch, batch_features=batch_features)
+            self.log.extend(log)
+            epochs = ()
+        else:
+            epochs = range(cfg.epochs)
+
+        for epoch in epochs:
             lr = cosine_lr(cfg, epoch)
             ce_sum = torch.zeros((), device=dev)
             perm = torch.randperm(len(y), generator=gen).to(dev)
