@@ -64,6 +64,8 @@ def register(subparsers) -> None:
                    help="LuCA flow (default tosca; the others are the reference's ablations)")
     p.add_argument("--per-batch-size", type=int, default=48, help="test batch of the per-batch protocol (default 48)")
     p.add_argument("--device", default="cpu", help="device for the TOSCA modules (default cpu)")
+    p.add_argument("--engine", default="eager", choices=("eager", "static", "cuda_graph"),
+                   help="TOSCA training loop: eager (default), static buffers, or one CUDA graph per epoch (GPU)")
     p.add_argument("--runs-dir", default=None, help="runs root (default $LAB_RUNS_DIR or ./runs)")
     p.add_argument("--resume", default=None, metavar="DIR", help="continue an interrupted run in DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -76,7 +78,8 @@ def cmd_tosca(args) -> int:
     cfg = RunConfig(datasets=tuple(args.dataset), backbone=args.backbone, resolution=args.resolution, init=args.init,
                     inc=args.inc, seed=args.seed, method=args.method, routing=args.routing, mode=args.mode,
                     epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, l1=args.l1, ratio=args.ratio,
-                    flow=args.flow, per_batch_size=args.per_batch_size, device=args.device)
+                    flow=args.flow, per_batch_size=args.per_batch_size, device=args.device,
+                    engine=args.engine)
     res = run(cfg, runs_root=args.runs_dir, resume=args.resume, progress=not args.quiet)
     print(format_summary(res))
     return 0

@@ -31,9 +31,8 @@ class CosineHead(nn.Module):
     def grow(self, n_new: int, generator: torch.Generator | None = None) -> None:
         """Append ``n_new`` rows; old rows and σ are kept (a new Parameter: rebuild the optimiser)."""
         bound = 1.0 / math.sqrt(self.dim)
-        new = torch.empty(n_new, self.dim, device=self.weight.device, dtype=self.weight.dtype)
-        new.uniform_(-bound, bound, generator=generator)
-        self.weight = nn.Parameter(torch.cat([self.weight.detach(), new]))
+        new = torch.empty(n_new, self.dim).uniform_(-bound, bound, generator=generator)  # CPU draw
+        self.weight = nn.Parameter(torch.cat([self.weight.detach(), new.to(self.weight)]))
 
     @torch.no_grad()
     def set_rows(self, classes: torch.Tensor | list[int], rows: torch.Tensor) -> None:

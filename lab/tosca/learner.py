@@ -150,8 +150,9 @@ class Tosca(nn.Module):
         cfg, dev = self.config, self.config.device
         gen = torch.Generator().manual_seed(cfg.seed + t)  # per task: a resumed run draws the same numbers
 
-        luca = LuCA(self.dim, ratio=cfg.ratio, flow=cfg.flow).to(dev)
-        luca.reset_parameters(generator=gen)
+        luca = LuCA(self.dim, ratio=cfg.ratio, flow=cfg.flow)
+        luca.reset_parameters(generator=gen)  # drawn on the CPU: the same numbers on every device
+        luca.to(dev)
         self.head.grow(len(classes), generator=gen)
         params = [*luca.parameters(), *self.head.parameters()]
         n_luca = len(list(luca.parameters()))

@@ -49,6 +49,7 @@ class RunConfig:
     flow: str = "tosca"
     per_batch_size: int = 48  # the reference protocol's test batch
     device: str = "cpu"
+    engine: str = "eager"  # ours: 'static' / 'cuda_graph' (see lab/tosca/_graph.py)
     name: str = ""  # run-dir label; default "<method>-<datasets>-B<init>Inc<inc>-s<seed>"
 
     def __post_init__(self):
@@ -67,7 +68,7 @@ class RunConfig:
 
     def tosca_config(self) -> ToscaConfig:
         return ToscaConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, l1=self.l1, ratio=self.ratio,
-                           flow=self.flow, seed=self.seed, device=self.device)
+                           flow=self.flow, seed=self.seed, device=self.device, engine=self.engine)
 
     @property
     def label(self) -> str:
