@@ -1,0 +1,584 @@
+"""Tables and plotly figures for the AWARe notebooks (03 saliency, 04 ablations; issue 5).
+
+Thin layer over :mod:`lab.aware`: nothing here trains or scores; it builds the context the
+notebooks need, arranges saliency vectors / masks / result tables, and draws them.
+
+* Context: :func:`setup` — :func:`lab.aware.ablate.setup` with two switches the notebooks need
+  (``tiny=True``: the random 2-layer Llama of ``lab.aware.tiny`` for smoke runs; ``downstream=False``:
+  skip the downstream tasks when only saliency is studied). :func:`profile_sets` profiles several
+  calibration sets; :class:`Study` holds them with the weight-row norms so any rule can be re-run.
+* Saliency (notebook 03): :func:`layer_table`, :func:`saliency_heatmaps`, :func:`concentration`,
+  :func:`lorenz`, :func:`density`; masks: :func:`frozen_table`, :func:`frozen_by_layer`,
+  :func:`mask_image`, :func:`overlap_table`, :func:`rank_agreement`.
+* Ablations (notebook 04): :func:`load_run`, :func:`summary`, :func:`rhe_bars`, :func:`tradeoff`,
+  :func:`continual_figure`, :func:`findings`.
+
+Saliency is shown as ``s * sqrt(d_out)`` ("x uniform"): profiling normalises every sample to unit
+L2 norm over a layer's ``d_out`` neurons, so a layer whose neurons were all equal would read
+``1/sqrt(d_out)`` everywhere. Scaled this way, 1 means "an equal share" in every layer, whatever
+its width, and layers of different widths (q: 576, k/v: 192 in SmolLM2) can share a colour scale.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import torch
+from torch import Tensor
+
+MAIN_TARGETS = ("q_proj", "k_proj", "v_proj", "projector")
+_KNOWN = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_PROJECTOR = re.compile(r"(^|\.)(mm_projector|multi_modal_projector)(\.|$)")
+_RULE_SHORT = {"activation-global": "global", "activation-balanced": "balanced"}
+
+
+# --- building the context ----------------------------------------------------------------------
+def setup(size, *, tiny: bool = False, downstream: bool = True, cache_dir=None, progress: bool = True):
+    """An :class:`lab.aware.ablate.Context` for ``size`` (a ``Size`` or preset name).
+
+    ``tiny=False`` is exactly :func:`lab.aware.ablate.setup` (SmolLM2 + the cached aligned projector)
+    when ``downstream`` is True. ``tiny=True`` swaps in a randomly initialised 2-layer Llama with a
+    word-level tokenizer over every word the tasks use (seconds; numbers are meaningless, code paths
+    are the real ones). ``downstream=False`` leaves ``ctx.down`` empty (saliency only)."""
+    import time
+
+    from lab.aware import ablate, tasks
+    from lab.aware.upstream import build_base
+
+    size = ablate.SIZES[size] if isinstance(size, str) else size
+    if not tiny and downstream:
+        return ablate.setup(size, progress=progress, cache_dir=cache_dir)
+    t0 = time.perf_counter()
+    kw = dict(grid=size.grid, cache_dir=cache_dir, progress=progress)
+    easy = tasks.easy_vqa(n_train=size.n_align, n_test=size.n_easy_eval, **kw)
+    down = {t: tasks.downstream(t, n_train=size.n_train, n_test=size.n_eval, **kw)
+            for t in tasks.DOWNSTREAM} if downstream else {}
+    probe = tasks.probe()
+    probe.test = probe.test.subset(range(min(size.n_probe, len(probe.test))))
+    proxy = tasks.calibration("proxy", size.n_calib, **kw)
+    lm = None
+    if tiny:
+        from lab.aware.tiny import tiny_llama, tiny_tokenizer
+
+        sets = [easy.train, easy.test, probe.test, proxy] + [s for d in down.values() for s in (d.train, d.test)]
+        tok = tiny_tokenizer(w for qa in sets for w in [*qa.questions, *qa.answers, *(o for os in qa.options for o in os)])
+        lm = (tok, tiny_llama(len(tok)))
+    base, enc, info = build_base(easy, size.align, grid=size.grid, cache_dir=cache_dir, progress=progress,
+                                 language_model=lm)
+    ctx = ablate.Context(base, enc, easy, probe, down, size, info={"align": info, "tiny": tiny})
+    full = tasks.calibration("upstream", size.n_calib, upstream=easy)
+    for n in {size.n_calib, *size.calib_sizes}:
+        ctx.calib[("upstream", n)] = full.subset(range(min(n, len(full))))
+    ctx.calib[("proxy", size.n_calib)] = proxy
+    ctx.info["setup_s"] = time.perf_counter() - t0
+    return ctx
+
+
+def profile_sets(ctx, keys=None, *, targets: str = "qkv+projector+mlp", progress: bool = True) -> dict:
+    """``{(kind, n): Saliency}`` for every calibration set in ``ctx.calib`` (or ``keys``), as the
+    ablation runner profiles them (prompts with answers, all targets hooked at once)."""
+    from lab.aware.continual import calibration_batches
+    from lab.aware.saliency import profile
+
+    # the main set (largest upstream) first: it is the reference everything else is compared with
+    keys = sorted(ctx.calib, key=lambda k: (k[0] != "upstream", -k[1])) if keys is None else list(keys)
+    return {k: profile(ctx.base, calibration_batches(ctx.calib[k], ctx.enc), targets=targets, progress=progress)
+            for k in keys}
+
+
+def label(key) -> str:
+    """``('upstream', 200)`` -> ``'upstream-200'``."""
+    return f"{key[0]}-{key[1]}" if isinstance(key, tuple) else str(key)
+
+
+@dataclass
+class Study:
+    """Saliency profiles of one model (``{label: {layer: Tensor[d_out]}}``) plus its weight-row norms,
+    enough to re-run every selection rule without the model (:meth:`select`)."""
+
+    profiles: dict[str, dict[str, Tensor]]
+    norms: dict[str, Tensor]
+    n_samples: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_context(cls, ctx, saliency: Mapping) -> "Study":
+        from lab.aware.masking import row_norms
+
+        first = next(iter(saliency.values()))
+        modules = dict(ctx.base.named_modules())
+        layers = {n: modules[n] for n in first.scores}   # the profiled layers, by exact name
+        return cls({label(k): dict(s.scores) for k, s in saliency.items()}, row_norms(layers),
+                   {label(k): s.n_samples for k, s in saliency.items()},
+                   {label(k): s.seconds for k, s in saliency.items()})
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.profiles)
+
+    def layers(self, targets: str = "qkv+projector") -> list[str]:
+        """Profiled layer names belonging to a target preset (or comma-separated patterns)."""
+        from lab.aware.targets import expand_targets
+
+        pats = expand_targets(targets)
+        return [n for n in self.norms if any(re.fullmatch(p, part) for p in pats for part in n.split("."))]
+
+    def scores(self, profile: str, targets: str = "qkv+projector") -> dict[str, Tensor]:
+        return {n: self.profiles[profile][n] for n in self.layers(targets)}
+
+    def select(self, profile: str, rho: float, rule: str = "activation-global",
+               targets: str = "qkv+projector", seed: int = 0) -> dict[str, Tensor]:
+        """Frozen rows for one profile, rule and rho: :func:`lab.aware.masking.select` on the stored
+        saliency (``weight-norm`` ranks the stored row norms exactly as the library does)."""
+        from lab.aware.masking import select
+
+        if rule == "weight-norm":
+            return select({n: self.norms[n] for n in self.layers(targets)}, rho, "activation-global")
+        return select(self.scores(profile, targets), rho, rule, seed=seed)
+
+
+# --- layers and saliency tables ----------------------------------------------------------------
+def parse_layer(name: str) -> tuple[str, int | None]:
+    """``'language_model.model.layers.12.self_attn.q_proj'`` -> ``('q_proj', 12)``; projector
+    Linears -> ``('projector', None)`` (numbered by :func:`layer_table`)."""
+    if _PROJECTOR.search(name):
+        return "projector", None
+    parts = name.split(".")
+    target = next((p for p in reversed(parts) if p in _KNOWN), parts[-1])
+    num = next((int(p) for p in parts if p.isdigit()), None)
+    return target, num
+
+
+def layer_table(scores: Mapping[str, Tensor]):
+    """One row per layer: ``name, target, layer, d_out`` (projector Linears numbered 0, 1, ...)."""
+    import pandas as pd
+
+    rows, counters = [], {}
+    for name, v in scores.items():
+        target, num = parse_layer(name)
+        if num is None:
+            num = counters.get(target, 0)
+        counters[target] = num + 1
+        rows.append({"name": name, "target": target, "layer": num, "d_out": int(v.numel())})
+    return pd.DataFrame(rows)
+
+
+def relative(v: Tensor) -> np.ndarray:
+    """``s * sqrt(d_out)``: 1 = an equal share of the layer's (unit-norm) activation."""
+    v = v.detach().float().cpu().numpy()
+    return v * math.sqrt(v.size)
+
+
+def _grid(scores: Mapping[str, Tensor], target: str, *, sort: bool, values=None) -> tuple[np.ndarray, list[int]]:
+    """``[layers, max d_out]`` of one target (NaN-padded), rows in layer order."""
+    lt = layer_table(scores)
+    lt = lt[lt.target == target].sort_values("layer")
+    if lt.empty:
+        raise ValueError(f"no layers of target {target!r}; have {sorted(set(layer_table(scores).target))}")
+    width = int(lt.d_out.max())
+    out = np.full((len(lt), width), np.nan)
+    for i, name in enumerate(lt.name):
+        row = relative(scores[name]) if values is None else np.asarray(values[name], dtype=float)
+        out[i, : row.size] = -np.sort(-row) if sort else row
+    return out, lt.layer.tolist()
+
+
+def targets_in(scores: Mapping[str, Tensor], wanted=MAIN_TARGETS) -> list[str]:
+    have = set(layer_table(scores).target)
+    return [t for t in wanted if t in have]
+
+
+def concentration(scores: Mapping[str, Tensor], tops=(0.01, 0.1)):
+    """Per layer: the share of activation energy (``s**2``, which sums to ~1 per layer) held by the
+    top 1 % / 10 % of its neurons, the fraction of neurons that hold half of it, and the largest
+    neuron in "x uniform" units. A uniform layer would read 1 %, 10 %, 50 % and 1."""
+    import pandas as pd
+
+    lt = layer_table(scores)
+    rows = []
+    for r in lt.itertuples():
+        e = np.sort(scores[r.name].double().cpu().numpy() ** 2)[::-1]
+        c = np.cumsum(e) / e.sum()
+        row = {"target": r.target, "layer": r.layer, "d_out": r.d_out}
+        for t in tops:
+            row[f"top{t * 100:g}%_share"] = float(c[max(1, round(t * e.size)) - 1])
+        row["half_mass_frac"] = float((np.searchsorted(c, 0.5) + 1) / e.size)
+        row["max_x_uniform"] = float(relative(scores[r.name]).max())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def concentration_summary(conc, targets=MAIN_TARGETS):
+    """Median over layers of :func:`concentration`, one row per target."""
+    cols = [c for c in conc.columns if c not in ("target", "layer", "d_out")]
+    g = conc.groupby("target", sort=False)[cols].median()
+    g["layers"] = conc.groupby("target", sort=False).size()
+    return g.loc[[t for t in targets if t in g.index]].reset_index()
+
+
+def lorenz(scores: Mapping[str, Tensor], points: int = 101):
+    """Cumulative share of activation energy held by the top-x fraction of neurons (mean over the
+    layers of each target): tidy ``target, neuron_frac, energy_share``."""
+    import pandas as pd
+
+    lt = layer_table(scores)
+    xs = np.linspace(0, 1, points)
+    rows = []
+    for target, names in lt.groupby("target", sort=False).name:
+        curves = []
+        for n in names:
+            e = np.sort(scores[n].double().cpu().numpy() ** 2)[::-1]
+            c = np.concatenate([[0.0], np.cumsum(e) / e.sum()])
+            curves.append(np.interp(xs, np.linspace(0, 1, c.size), c))
+        rows += [{"target": target, "neuron_frac": x, "energy_share": y} for x, y in zip(xs, np.mean(curves, 0))]
+    rows += [{"target": "uniform", "neuron_frac": x, "energy_share": x} for x in xs]
+    return pd.DataFrame(rows)
+
+
+def density(scores: Mapping[str, Tensor], bins: int = 60):
+    """Histogram (density over log10 of "x uniform" saliency) per target: tidy ``target, log10_x, density``."""
+    import pandas as pd
+
+    lt = layer_table(scores)
+    vals = {t: np.log10(np.clip(np.concatenate([relative(scores[n]) for n in names]), 1e-6, None))
+            for t, names in lt.groupby("target", sort=False).name}
+    lo, hi = min(v.min() for v in vals.values()), max(v.max() for v in vals.values())
+    edges = np.linspace(lo, hi, bins + 1)
+    rows = []
+    for t, v in vals.items():
+        h, _ = np.histogram(v, edges, density=True)
+        rows += [{"target": t, "log10_x_uniform": (a + b) / 2, "density": d} for a, b, d in zip(edges[:-1], edges[1:], h)]
+    return pd.DataFrame(rows)
+
+
+# --- masks ---------------------------------------------------------------------------------------
+def frozen_table(masks: Mapping[str, Tensor]):
+    """One row per layer: ``target, layer, frozen, rows, fraction``."""
+    lt = layer_table(masks)
+    lt["frozen"] = [int(masks[n].sum()) for n in lt.name]
+    lt["rows"] = lt.d_out
+    lt["fraction"] = lt.frozen / lt.rows
+    return lt.drop(columns="d_out")
+
+
+def frozen_by_target(selections: Mapping[str, Mapping[str, Tensor]]):
+    """Fraction of rows frozen per target, one column per selection: how a rule spreads rho."""
+    import pandas as pd
+
+    cols = {}
+    for lab_, masks in selections.items():
+        ft = frozen_table(masks)
+        g = ft.groupby("target", sort=False)[["frozen", "rows"]].sum()
+        cols[lab_] = pd.concat([g.frozen / g.rows, pd.Series({"all targets": g.frozen.sum() / g.rows.sum()})])
+    return pd.DataFrame(cols)
+
+
+def parameter_budget(model, masks: Mapping[str, Tensor]) -> dict:
+    """What freezing ``masks`` leaves trainable, counted from the layer shapes (nothing is modified):
+    every other parameter of ``model`` is frozen, as :func:`lab.aware.freeze.apply` does."""
+    mods = dict(model.named_modules())
+    trainable = sum(int((~m.bool()).sum()) * (mods[n].in_features + (mods[n].bias is not None))
+                    for n, m in masks.items())
+    target_params = sum(mods[n].weight.numel() + (mods[n].bias.numel() if mods[n].bias is not None else 0)
+                        for n in masks)
+    total = sum(p.numel() for p in model.parameters())
+    return {"trainable": trainable, "target_params": target_params, "total": total,
+            "trainable_frac": trainable / total, "target_frac": target_params / total}
+
+
+def overlap_table(selections: Mapping[str, Mapping[str, Tensor]], reference: str):
+    """Agreement of every selection with ``reference``: Jaccard, overlap coefficient, and what two
+    independent random selections of the same sizes would give (the chance level)."""
+    import pandas as pd
+
+    from lab.aware.masking import frozen_fraction
+    from lab.aware.metrics import mask_overlap
+
+    ref = selections[reference]
+    rows = []
+    for name, masks in selections.items():
+        if name == reference:
+            continue
+        p, q = frozen_fraction(ref), frozen_fraction(masks)
+        chance_j = p * q / (p + q - p * q) if p + q > 0 else 1.0
+        rows.append({"reference": reference, "compared": name, **mask_overlap(ref, masks),
+                     "chance_jaccard": chance_j, "chance_overlap": max(p, q) if min(p, q) > 0 else 1.0})
+    return pd.DataFrame(rows)
+
+
+def jaccard_matrix(selections: Mapping[str, Mapping[str, Tensor]]):
+    import pandas as pd
+
+    from lab.aware.metrics import mask_overlap
+
+    names = list(selections)
+    return pd.DataFrame([[mask_overlap(selections[a], selections[b])["jaccard"] for b in names] for a in names],
+                        index=names, columns=names)
+
+
+def _ranks(x: Tensor) -> Tensor:
+    r = torch.empty_like(x)
+    r[torch.argsort(x)] = torch.arange(x.numel(), dtype=x.dtype)
+    return r
+
+
+def rank_agreement(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> float:
+    """Spearman correlation of two saliency profiles over all common neurons (global ranking)."""
+    common = [k for k in a if k in b]
+    x = torch.cat([a[k].double().flatten() for k in common])
+    y = torch.cat([b[k].double().flatten() for k in common])
+    rx, ry = _ranks(x), _ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    return float((rx * ry).sum() / (rx.norm() * ry.norm()).clamp_min(1e-12))
+
+
+# --- figures: saliency -----------------------------------------------------------------------------
+def saliency_heatmaps(scores: Mapping[str, Tensor], targets=MAIN_TARGETS, *, sort: bool = False,
+                      masks: Mapping[str, Tensor] | None = None, title: str = "", height: int | None = None):
+    """Layer x neuron heatmaps, one panel per target, colour = log10 of "x uniform" saliency
+    (``masks`` given: 1 where a row is frozen instead). ``sort``: neurons ordered by saliency
+    within each layer (rank on x), which makes the heavy tail visible at a glance."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    wanted, targets = targets, targets_in(scores, targets)
+    if not targets:
+        raise ValueError(f"no layers of target {list(wanted)}; have {sorted(set(layer_table(scores).target))}")
+    grids = {}
+    for t in targets:
+        if masks is None:
+            g, layers = _grid(scores, t, sort=sort)
+            g = np.round(np.log10(np.clip(g, 1e-3, None)), 3)
+        else:
+            g, layers = _grid(scores, t, sort=False, values={n: masks[n].float().numpy() for n in masks})
+        grids[t] = (g, layers)
+    heights = [max(len(l), 3) for _, l in grids.values()]
+    fig = make_subplots(rows=len(targets), cols=1, row_heights=heights, vertical_spacing=0.07,
+                        subplot_titles=[f"{t} ({grids[t][0].shape[0]} layers x {grids[t][0].shape[1]} neurons)"
+                                        for t in targets])
+    for i, t in enumerate(targets, 1):
+        g, layers = grids[t]
+        fig.add_trace(go.Heatmap(z=g, y=[str(x) for x in layers], coloraxis="coloraxis",
+                                 hovertemplate="layer %{y}<br>neuron %{x}<br>%{z}<extra>" + t + "</extra>"), i, 1)
+        fig.update_yaxes(title_text="layer", type="category", row=i, col=1)
+        fig.update_xaxes(title_text="neuron (sorted by saliency)" if sort else "neuron", row=i, col=1)
+    if masks is None:
+        color = dict(colorscale="Viridis", colorbar=dict(title="log10<br>x uniform"), cmin=-1, cmax=1.5)
+    else:
+        color = dict(colorscale=[[0, "#f0f0f0"], [1, "#c0392b"]], cmin=0, cmax=1,
+                     colorbar=dict(title="frozen", tickvals=[0, 1], ticktext=["trained", "frozen"]))
+    fig.update_layout(coloraxis=color, title=title, height=height or 160 + 14 * sum(heights) + 60 * len(targets),
+                      margin=dict(t=80))
+    return fig
+
+
+def lorenz_figure(scores: Mapping[str, Tensor], title: str = ""):
+    from lab import plots
+
+    fig = plots.lines(lorenz(scores), x="neuron_frac", y="energy_share", color="target", range_y=(0, 1.01),
+                      x_title="fraction of a layer's neurons (most salient first)",
+                      y_title="share of activation energy", title=title or "How few neurons carry the activation mass")
+    fig.update_traces(marker=dict(size=2))
+    fig.for_each_trace(lambda tr: tr.update(line=dict(dash="dot", color="grey")) if tr.name == "uniform" else None)
+    return fig
+
+
+def density_figure(scores: Mapping[str, Tensor], title: str = ""):
+    from lab import plots
+
+    fig = plots.lines(density(scores), x="log10_x_uniform", y="density", color="target",
+                      x_title="log10 saliency (x uniform share; 0 = an equal share)", y_title="density",
+                      title=title or "Distribution of neuron saliency per target (all layers pooled)")
+    fig.update_traces(marker=dict(size=3))
+    fig.add_vline(x=0, line_dash="dot", line_color="grey")
+    return fig
+
+
+def frozen_by_layer(selections: Mapping[str, Mapping[str, Tensor]], targets=MAIN_TARGETS, title: str = ""):
+    """Fraction of each layer's rows frozen, one line per target, one panel per selection."""
+    import pandas as pd
+    import plotly.express as px
+
+    df = pd.concat([frozen_table(m).assign(selection=k) for k, m in selections.items()])
+    df = df[df.target.isin(targets)]
+    fig = px.line(df, x="layer", y="fraction", color="target", facet_col="selection", markers=True,
+                  range_y=(-0.02, 1.02), title=title or "Which layers the selection freezes",
+                  hover_data=["frozen", "rows"])
+    fig.update_layout(height=380, yaxis_title="frozen fraction of the layer's rows")
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
+    return fig
+
+
+def mask_image(masks: Mapping[str, Tensor], target: str, title: str = ""):
+    """One target's frozen rows as a layer x neuron map (red = frozen)."""
+    return saliency_heatmaps(masks, (target,), masks=masks, title=title or f"frozen rows of {target}",
+                             height=260 + 12 * len(frozen_table(masks).query("target == @target")))
+
+
+def layer_profile(scores: Mapping[str, Tensor], name: str, frozen: Tensor | None = None, title: str = ""):
+    """One layer's neurons sorted by saliency ("x uniform", log y), frozen ones in red."""
+    import plotly.graph_objects as go
+
+    v = relative(scores[name])
+    order = np.argsort(-v)
+    colors = None if frozen is None else np.where(frozen.bool().numpy()[order], "#c0392b", "#7f8c8d")
+    fig = go.Figure(go.Bar(x=np.arange(v.size), y=v[order], marker_color=colors,
+                           customdata=order, hovertemplate="rank %{x}<br>neuron %{customdata}<br>%{y:.2f}x<extra></extra>"))
+    fig.add_hline(y=1, line_dash="dot", line_color="grey")
+    fig.update_layout(title=title or name, height=320, bargap=0, xaxis_title="neurons, most salient first",
+                      yaxis_title="saliency (x uniform)", yaxis_type="log")
+    return fig
+
+
+# --- ablation results (notebook 04) ----------------------------------------------------------------
+def load_run(run_dir) -> dict:
+    """Tables (``results``, ``continual``, ``continual_summary``, ``overlap``, ``upstream_before``) and
+    ``config`` of a saved ``lab aware ablate`` run directory."""
+    import pandas as pd
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").exists():
+        raise FileNotFoundError(f"{run_dir} is not an AWARe ablation run (no config.json); "
+                                f"runs are written under runs/aware/ by `lab aware ablate`")
+    out: dict = {"run_dir": run_dir, "config": json.loads((run_dir / "config.json").read_text())}
+    for name in ("results", "continual", "continual_summary", "overlap", "upstream_before"):
+        pq, csv = run_dir / f"{name}.parquet", run_dir / f"{name}.csv"
+        out[name] = pd.read_parquet(pq) if pq.exists() else pd.read_csv(csv) if csv.exists() else pd.DataFrame()
+    return out
+
+
+def sweep_size(base: str = "default", *, n_align=None, align=None, **kw):
+    """A :class:`lab.aware.ablate.Size` from a preset with some fields replaced; ``steps`` /
+    ``batch_size`` / ``lr`` go to its ``TrainConfig``. Keep ``n_align``/``align`` at the preset's to
+    reuse the cached aligned projector."""
+    from lab.aware import ablate
+
+    size = ablate.SIZES[base]
+    train_kw = {k: kw.pop(k) for k in ("steps", "batch_size", "lr", "lr_projector", "lr_adapter") if k in kw}
+    size = replace(size, train=replace(size.train, **train_kw), **kw)
+    if n_align is not None:
+        size = replace(size, n_align=n_align)
+    if align is not None:
+        size = replace(size, align=align)
+    return size
+
+
+_COLS = ["downstream", "up_easy_vqa", "up_probe", "R", "E", "H", "trainable_frac"]
+
+
+def _reference_first(results):
+    """Each group's reference row (the main AWARe run, repeated by the runner with ``shared=True``)
+    first, labelled with its real calibration size."""
+    df = results.copy()
+    shared = df["shared"].fillna(False).astype(bool) if "shared" in df else np.zeros(len(df), bool)
+    fix = shared & (df.group == "calib_size")
+    df.loc[fix, "variant"] = [f"n={int(n)}" for n in df.loc[fix, "calib_n"]]
+    groups = list(dict.fromkeys(df.group))
+    df["_g"] = df.group.map({g: i for i, g in enumerate(groups)})
+    # within a group: rho and calibration size in numeric order, otherwise the reference first
+    df["_k"] = np.where(df.group == "rho", df.get("rho", np.nan),
+                        np.where(df.group == "calib_size", df.get("calib_n", 0), (~shared).astype(float)))
+    return df.sort_values(["_g", "_k"], kind="stable").drop(columns=["_g", "_k"])
+
+
+def summary(results, group: str | None = None):
+    """Mean over seeds per (group, variant), in sweep order with each group's reference first."""
+    df = _reference_first(results)
+    df = df if group is None else df[df.group == group]
+    g = df.groupby(["group", "variant"], sort=False)
+    out = g[[c for c in _COLS if c in df.columns]].mean()
+    out["seeds"] = g["seed"].nunique()
+    return out.reset_index()
+
+
+def rhe_bars(results, group: str, title: str = ""):
+    """R, E and H per variant of one ablation group (mean over seeds; 100 = no forgetting /
+    as good as full fine-tuning)."""
+    from lab import plots
+
+    s = summary(results, group)
+    long = s.melt(id_vars=["variant"], value_vars=["R", "E", "H"], var_name="metric", value_name="percent")
+    fig = plots.grouped_bar(long, x="variant", y="percent", color="metric", fmt=".0f",
+                            title=title or f"{group}: retention R, efficiency E and their harmonic mean H")
+    fig.add_hline(y=100, line_dash="dot", line_color="grey")
+    return fig
+
+
+def tradeoff(results, title: str = ""):
+    """The R/E trade-off: the rho sweep as a curve (E on x, R on y), the other methods as points."""
+    import plotly.express as px
+    import plotly.graph_objects as go
+
+    s = summary(results)
+    rho = s[s.group == "rho"].copy()
+    rho["rho"] = rho.variant.str.replace("rho=", "").astype(float)
+    rho = rho.sort_values("rho")
+    fig = go.Figure(go.Scatter(x=rho.E, y=rho.R, mode="lines+markers+text", text=[f"ρ={r:g}" for r in rho.rho],
+                               textposition="top center", name="AWARe, rho sweep",
+                               customdata=rho.H, hovertemplate="E %{x:.1f}<br>R %{y:.1f}<br>H %{customdata:.1f}"))
+    others = s[(s.group == "methods") & (s.variant != "aware")]
+    palette = px.colors.qualitative.Set2
+    for i, r in enumerate(others.itertuples()):
+        fig.add_trace(go.Scatter(x=[r.E], y=[r.R], mode="markers+text", text=[r.variant], textposition="bottom center",
+                                 marker=dict(size=12, symbol="diamond", color=palette[i % len(palette)]), name=r.variant))
+    fig.update_layout(title=title or "Retention vs efficiency: what each method keeps and learns",
+                      xaxis_title="E: downstream accuracy relative to full fine-tuning (%)",
+                      yaxis_title="R: upstream skills retained (%)", height=460)
+    return fig
+
+
+def rho_curves(results, title: str = ""):
+    """R, E, H against rho (the sweep, mean over seeds)."""
+    from lab import plots
+
+    s = summary(results, "rho")
+    s["rho"] = s.variant.str.replace("rho=", "").astype(float)
+    long = s.sort_values("rho").melt(id_vars=["rho"], value_vars=["R", "E", "H"], var_name="metric", value_name="percent")
+    return plots.lines(long, x="rho", y="percent", color="metric", x_title="rho (fraction of target rows frozen)",
+                       y_title="percent", title=title or "The rho sweep: R rises, E falls; H finds the balance")
+
+
+def continual_figure(continual, title: str = ""):
+    """Accuracy on every task seen so far after each stage, one panel per method."""
+    import plotly.express as px
+
+    df = continual[~continual.task.str.startswith("upstream:")].copy()
+    df["after stage"] = [f"{s + 1}: {t}" for s, t in zip(df.stage, df.stage_task)]
+    fig = px.line(df, x="after stage", y="acc", color="task", facet_col="method", markers=True, range_y=(0, 1.02),
+                  title=title or "Continual sequence: accuracy on each task after each stage")
+    fig.update_layout(height=400, yaxis_title="accuracy")
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
+    return fig
+
+
+def continual_bars(cont_summary, title: str = ""):
+    from lab import plots
+
+    cols = [c for c in cont_summary.columns if c.startswith("stage")] + ["avg", "last", "bwt"]
+    s = cont_summary.groupby("method", sort=False)[cols].mean().reset_index()
+    long = s.melt(id_vars=["method"], value_vars=cols, var_name="metric", value_name="accuracy")
+    return plots.grouped_bar(long, x="metric", y="accuracy", color="method", fmt=".2f",
+                             title=title or "Per-stage averages, Avg, Last and BWT (negative = forgetting)")
+
+
+def findings(results) -> dict:
+    """Headline comparisons computed from a results table (mean over seeds); NaN where a group is absent."""
+    s = summary(results).set_index(["group", "variant"])
+
+    def get(g, v, col):
+        return float(s.loc[(g, v), col]) if (g, v) in s.index else float("nan")
+
+    out = {f"{m}_{c}": get("methods", m, c) for m in ("aware", "full", "lora", "dora") for c in ("R", "E", "H")}
+    for rule in ("activation-global", "weight-norm", "random", "activation-balanced"):
+        out[f"rule_{_RULE_SHORT.get(rule, rule)}_H"] = get("rule", rule, "H")
+    rho = summary(results, "rho")
+    if len(rho):
+        best = rho.loc[rho.H.idxmax()]
+        out["best_rho"] = float(best.variant.replace("rho=", ""))
+        out["best_rho_H"] = float(best.H)
+    return out

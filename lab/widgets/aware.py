@@ -1,0 +1,110 @@
+"""Panels for the AWARe notebooks: re-select masks from saved saliency, browse ablation results.
+
+* :class:`MaskPanel` (notebook 03) — rho slider, selection-rule picker, calibration-set and target
+  pickers, layer picker: re-runs the masking rule on the stored saliency (milliseconds, no model
+  pass) and shows the frozen fraction per target, which layers are frozen, the chosen target's
+  frozen map and one layer's sorted saliency with its frozen neurons.
+* :class:`AblationPanel` (notebook 04) — pick an ablation group and a metric from a results table.
+"""
+from __future__ import annotations
+
+from lab.widgets import Panel
+
+RULES = ("activation-global", "activation-balanced", "weight-norm", "random")
+TARGET_SETS = ("qkv+projector", "qkv", "qkv+projector+mlp")
+
+
+class MaskPanel(Panel):
+    """``study``: a :class:`lab.aware.views.Study`. The reference selection (for the overlap read-out)
+    is the paper's setting: rho=0.3, activation-global, q/k/v+projector, first calibration profile."""
+
+    title = "Re-select AWARe's frozen rows: rho, rule, calibration set, targets"
+
+    def __init__(self, study, *, rho: float = 0.3, rule: str = "activation-global", profile: str | None = None,
+                 targets: str = "qkv+projector", show: str = "q_proj", layer: int = 0, seed: int = 0):
+        import ipywidgets as w
+
+        from lab.aware.views import layer_table
+
+        self.study, self.seed = study, seed
+        profile = profile or study.labels[0]
+        self.reference = study.select(profile, 0.3, "activation-global", "qkv+projector")
+        sets = [t for t in TARGET_SETS if study.layers(t)]
+        self._layers = layer_table(study.norms)
+        shows = list(dict.fromkeys(self._layers.target))
+        n_layers = int(self._layers[self._layers.target == show].layer.max()) if show in shows else 0
+        super().__init__({
+            "rho": w.FloatSlider(value=rho, min=0.0, max=1.0, step=0.05, description="rho", continuous_update=False),
+            "rule": w.Dropdown(options=RULES, value=rule, description="rule"),
+            "profile": w.Dropdown(options=study.labels, value=profile, description="calibration"),
+            "targets": w.Dropdown(options=sets, value=targets, description="targets"),
+            "show": w.Dropdown(options=shows, value=show, description="show"),
+            "layer": w.IntSlider(value=layer, min=0, max=n_layers, description="layer", continuous_update=False),
+        })
+
+    def compute(self, rho, rule, profile, targets, show, layer):
+        from lab.aware import views
+        from lab.aware.masking import frozen_fraction
+        from lab.aware.metrics import mask_overlap
+
+        masks = self.study.select(profile, rho, rule, targets, seed=self.seed)
+        by_target = views.frozen_by_target({"frozen": masks})["frozen"]
+        common = {n: m for n, m in masks.items() if n in self.reference}
+        result = {"rho": float(rho), "rule": rule, "profile": profile, "targets": targets, "show": show,
+                  "layer": int(layer), "masks": masks, "frozen_fraction": frozen_fraction(masks),
+                  "by_target": by_target.to_dict(),
+                  "overlap_with_reference": mask_overlap(self.reference, common)["jaccard"] if common else float("nan")}
+        figs = [views.frozen_by_layer({f"{rule}, rho={rho:g}": masks},
+                                      targets=[t for t in views.MAIN_TARGETS + ("gate_proj", "up_proj", "down_proj")],
+                                      title=f"frozen fraction of every layer ({targets}, {profile})")]
+        rows = self._layers[(self._layers.target == show) & (self._layers.layer == layer)]
+        if show in views.layer_table(masks).target.values:
+            figs.append(views.mask_image(masks, show, title=f"{show}: frozen rows (red), layer x neuron"))
+        if len(rows):
+            name = rows.name.iloc[0]
+            scores = self.study.profiles[profile]
+            figs.append(views.layer_profile(scores, name, masks.get(name),
+                                            title=f"{show}, layer {layer}: neurons by saliency"
+                                                  + (" (red = frozen)" if name in masks else " (not a target here)")))
+            result["layer_frozen"] = float(masks[name].float().mean()) if name in masks else 0.0
+        return result, figs
+
+    def describe(self, r) -> str:
+        per = ", ".join(f"{k} {v * 100:.0f}%" for k, v in r["by_target"].items() if k != "all targets")
+        return (f"<b>{r['frozen_fraction'] * 100:.1f}%</b> of target rows frozen ({per}); Jaccard with "
+                f"rho=0.3/global/{self.study.labels[0]}: {r['overlap_with_reference']:.2f}")
+
+
+class AblationPanel(Panel):
+    """``results``: the tidy table of :func:`lab.aware.ablate.sweep` (or a saved run's)."""
+
+    title = "Browse the ablation: group and metric"
+    METRICS = ("H", "R", "E", "downstream", "up_easy_vqa", "up_probe", "trainable_frac")
+
+    def __init__(self, results, *, group: str = "methods", metric: str = "H"):
+        import ipywidgets as w
+
+        self.results = results
+        groups = list(dict.fromkeys(results.group))
+        super().__init__({
+            "group": w.Dropdown(options=groups, value=group if group in groups else groups[0], description="group"),
+            "metric": w.Dropdown(options=[m for m in self.METRICS if m in results.columns], value=metric,
+                                 description="metric"),
+        })
+
+    def compute(self, group, metric):
+        from lab import plots
+        from lab.aware.views import summary
+
+        s = summary(self.results, group)
+        pct = metric in ("R", "E", "H")
+        fig = plots.bar(s, x="variant", y=metric, range_y=None,
+                        title=f"{group}: {metric}" + (" (%)" if pct else "") + " per variant, mean over seeds")
+        if pct:
+            fig.add_hline(y=100, line_dash="dot", line_color="grey")
+        best = s.loc[s[metric].idxmax()]
+        return {"group": group, "metric": metric, "table": s, "best": best.variant,
+                "best_value": float(best[metric])}, [fig]
+
+    def describe(self, r) -> str:
+        return f"{r['group']}: highest {r['metric']} is <b>{r['best']}</b> ({r['best_value']:.3g})"

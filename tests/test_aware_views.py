@@ -1,0 +1,226 @@
+"""lab.aware.views on hand-made saliency, masks and result tables (no model, no data)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from lab.aware import views
+from lab.aware.masking import select
+
+WIDTH = {"q_proj": 12, "k_proj": 4, "v_proj": 4}
+
+
+def lm_name(i, t):
+    return f"language_model.model.layers.{i}.self_attn.{t}"
+
+
+def scores(layers=3, seed=0, heavy=True):
+    """Per-sample-normalised-looking saliency: a few large neurons per layer when ``heavy``."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for i in range(layers):
+        for t, d in WIDTH.items():
+            v = torch.rand(d, generator=g) + 0.1
+            if heavy:
+                v[torch.randint(d, (1,), generator=g)] += 5.0
+            out[lm_name(i, t)] = v / v.norm()
+    for j in (0, 2):
+        v = torch.rand(8, generator=g) + 0.1
+        out[f"mm_projector.{j}"] = v / v.norm()
+    return out
+
+
+def study(n_profiles=2):
+    s = scores()
+    profiles = {"upstream-8": s, "proxy-8": scores(seed=1)}
+    profiles = dict(list(profiles.items())[:n_profiles])
+    norms = {k: torch.rand(v.numel(), generator=torch.Generator().manual_seed(3)) for k, v in s.items()}
+    return views.Study(profiles, {k: v / v.norm() for k, v in norms.items()})
+
+
+def test_layer_names_are_parsed_into_targets_and_layers():
+    assert views.parse_layer(lm_name(12, "q_proj")) == ("q_proj", 12)
+    assert views.parse_layer("model.layers.3.mlp.down_proj") == ("down_proj", 3)
+    assert views.parse_layer("mm_projector.2") == ("projector", None)
+    assert views.parse_layer("model.multi_modal_projector.linear_1") == ("projector", None)
+    lt = views.layer_table(scores(layers=2))
+    assert list(lt[lt.target == "projector"].layer) == [0, 1]
+    assert list(lt[lt.target == "k_proj"].layer) == [0, 1] and set(lt.d_out) == {12, 4, 8}
+
+
+def test_relative_saliency_is_one_for_a_uniform_layer():
+    v = torch.ones(16) / 4.0                       # unit norm, all equal
+    np.testing.assert_allclose(views.relative(v), 1.0, rtol=1e-6)
+
+
+def test_concentration_uniform_vs_heavy_tail():
+    d = 100
+    uniform = {lm_name(0, "q_proj"): torch.ones(d) / math.sqrt(d)}
+    c = views.concentration(uniform).iloc[0]
+    assert c["top1%_share"] == pytest.approx(0.01) and c["top10%_share"] == pytest.approx(0.10)
+    assert c["half_mass_frac"] == pytest.approx(0.5) and c["max_x_uniform"] == pytest.approx(1.0, rel=1e-5)
+    v = torch.full((d,), 0.01)
+    v[0] = 1.0                                      # one neuron holds ~99 % of the energy
+    h = views.concentration({lm_name(0, "q_proj"): v / v.norm()}).iloc[0]
+    assert h["top1%_share"] > 0.98 and h["half_mass_frac"] == pytest.approx(0.01)
+    summ = views.concentration_summary(views.concentration(scores()))
+    assert list(summ.target) == ["q_proj", "k_proj", "v_proj", "projector"] and (summ.layers > 0).all()
+
+
+def test_lorenz_curves_run_from_zero_to_one_and_dominate_uniform():
+    lz = views.lorenz(scores())
+    for t, df in lz.groupby("target"):
+        y = df.energy_share.to_numpy()
+        assert y[0] == pytest.approx(0) and y[-1] == pytest.approx(1)
+        assert (np.diff(y) >= -1e-12).all()
+        assert (y >= df.neuron_frac.to_numpy() - 1e-9).all(), t   # most-salient-first is above the diagonal
+    d = views.density(scores())
+    assert set(d.target) == {"q_proj", "k_proj", "v_proj", "projector"} and (d.density >= 0).all()
+
+
+def test_frozen_tables_global_vs_balanced():
+    s = scores()
+    bal = select(s, 0.5, "activation-balanced")
+    ft = views.frozen_table(bal)
+    assert np.allclose(ft.fraction, 0.5) and ft.rows.sum() == sum(v.numel() for v in s.values())
+    glob = select(s, 0.5)
+    by = views.frozen_by_target({"global": glob, "balanced": bal})
+    assert by.loc["all targets", "global"] == pytest.approx(0.5) and by.loc["all targets", "balanced"] == pytest.approx(0.5)
+    assert np.allclose(by["balanced"], 0.5)
+
+
+def test_overlap_table_and_chance_levels():
+    s, s2 = scores(), scores(seed=5)
+    a = select(s, 0.3)
+    sel = {"a": a, "same": {k: v.clone() for k, v in a.items()}, "other": select(s2, 0.3)}
+    ot = views.overlap_table(sel, "a").set_index("compared")
+    assert ot.loc["same", "jaccard"] == pytest.approx(1.0) and ot.loc["same", "overlap"] == pytest.approx(1.0)
+    p = sum(int(m.sum()) for m in a.values()) / sum(m.numel() for m in a.values())
+    assert ot.loc["other", "chance_jaccard"] == pytest.approx(p / (2 - p))
+    jm = views.jaccard_matrix(sel)
+    assert jm.shape == (3, 3) and np.allclose(np.diag(jm), 1.0)
+
+
+def test_rank_agreement_is_spearman():
+    s = scores()
+    assert views.rank_agreement(s, s) == pytest.approx(1.0)
+    assert views.rank_agreement(s, {k: -v for k, v in s.items()}) == pytest.approx(-1.0)
+
+
+def test_study_reselects_like_the_library_including_weight_norm():
+    lins = {n: nn.Linear(3, v.numel()) for n, v in scores().items()}
+    from lab.aware.masking import row_norms
+
+    st = views.Study({"p": scores()}, row_norms(lins))
+    got = st.select("p", 0.4, "weight-norm")
+    want = select(scores(), 0.4, "weight-norm", weights=lins)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    assert all(torch.equal(st.select("p", 0.4, "random", seed=3)[k], select(scores(), 0.4, "random", seed=3)[k])
+               for k in want)
+    assert set(st.layers("qkv")) == {k for k in want if "proj" in k and "mm_" not in k}
+    assert set(st.select("p", 0.3, targets="qkv")) == set(st.layers("qkv"))
+
+
+def test_parameter_budget_counts_trainable_rows():
+    model = nn.ModuleDict({"q_proj": nn.Linear(5, 4), "other": nn.Linear(5, 5, bias=False)})
+    masks = {"q_proj": torch.tensor([True, False, False, True])}
+    b = views.parameter_budget(model, masks)
+    assert b["trainable"] == 2 * (5 + 1) and b["total"] == 24 + 25 and b["target_params"] == 24
+    assert b["trainable_frac"] == pytest.approx(12 / 49)
+
+
+def test_saliency_figures():
+    s = scores()
+    fig = views.saliency_heatmaps(s)
+    assert len(fig.data) == 4 and fig.layout.coloraxis.colorscale
+    srt = views.saliency_heatmaps(s, sort=True)
+    z = np.asarray(srt.data[0].z, dtype=float)
+    assert (np.diff(z, axis=1) <= 1e-9).all()          # each row non-increasing when sorted
+    masks = select(s, 0.3)
+    m = views.mask_image(masks, "q_proj")
+    assert set(np.unique(np.asarray(m.data[0].z, dtype=float))) <= {0.0, 1.0}
+    assert len(views.frozen_by_layer({"global": masks}).data) == 4
+    prof = views.layer_profile(s, lm_name(0, "q_proj"), masks[lm_name(0, "q_proj")])
+    assert len(prof.data[0].y) == 12
+    assert len(views.lorenz_figure(s).data) == 5 and len(views.density_figure(s).data) == 4
+    with pytest.raises(ValueError, match="no layers of target"):
+        views.mask_image(masks, "gate_proj")
+
+
+def results_table():
+    """A tidy table shaped like lab.aware.ablate.sweep's (two seeds), with shared reference rows."""
+    rows = []
+    spec = [("methods", "zero-shot", "zero-shot", np.nan, 100, 40), ("methods", "full", "full", np.nan, 60, 100),
+            ("methods", "lora", "lora", np.nan, 85, 90), ("methods", "dora", "dora", np.nan, 86, 91),
+            ("methods", "aware", "aware", 0.3, 95, 97), ("rule", "weight-norm", "aware", 0.3, 80, 99),
+            ("rule", "random", "aware", 0.3, 70, 99), ("rho", "rho=0.9", "aware", 0.9, 99, 80),
+            ("rho", "rho=0", "aware", 0.0, 65, 100), ("calib_size", "n=16", "aware", 0.3, 93, 97)]
+    for seed in (0, 1):
+        for g, v, m, rho, r, e in spec:
+            rows.append({"group": g, "variant": v, "method": m, "seed": seed, "rho": rho, "calib_n": 16 if v == "n=16" else 64,
+                         "R": r + seed, "E": e, "H": 2 * (r + seed) * e / (r + seed + e), "downstream": e / 100,
+                         "up_easy_vqa": 0.9, "up_probe": 0.6, "trainable_frac": 0.1})
+    df = pd.DataFrame(rows)
+    main = df[(df.group == "methods") & (df.variant == "aware")]
+    ref = {"rule": "activation-global", "rho": "rho=0.3", "calib_size": "n=200"}
+    df = pd.concat([df] + [main.assign(group=g, variant=v, shared=True) for g, v in ref.items()], ignore_index=True)
+    return df
+
+
+def test_summary_orders_groups_and_relabels_the_calibration_reference():
+    s = views.summary(results_table())
+    assert (s.seeds == 2).all()
+    rho = s[s.group == "rho"]
+    assert list(rho.variant) == ["rho=0", "rho=0.3", "rho=0.9"]
+    assert list(s[s.group == "rule"].variant)[0] == "activation-global"
+    assert list(s[s.group == "calib_size"].variant) == ["n=16", "n=64"]      # the runner's label said n=200
+    assert s.set_index(["group", "variant"]).loc[("methods", "aware"), "R"] == pytest.approx(95.5)
+
+
+def test_findings_and_ablation_figures():
+    res = results_table()
+    f = views.findings(res)
+    assert f["aware_R"] == pytest.approx(95.5) and f["full_E"] == pytest.approx(100)
+    assert f["best_rho"] == pytest.approx(0.3) and math.isnan(f["rule_balanced_H"])
+    fig = views.tradeoff(res)
+    assert list(fig.data[0].x) == pytest.approx([100, 97, 80])               # rho = 0, 0.3, 0.9
+    assert {t.name for t in fig.data[1:]} == {"zero-shot", "full", "lora", "dora"}
+    assert len(views.rho_curves(res).data) == 3
+    assert len(views.rhe_bars(res, "rule").data) == 3
+
+
+def test_continual_figures():
+    rows = []
+    order = ("fashion", "digits", "even")
+    for m in ("full", "aware"):
+        for i, t in enumerate(order):
+            for j in order[: i + 1]:
+                rows.append({"method": m, "seed": 0, "stage": i, "stage_task": t, "task": j, "acc": 0.5})
+        rows.append({"method": m, "seed": 0, "stage": 2, "stage_task": "even", "task": "upstream:easy_vqa", "acc": 0.9})
+    fig = views.continual_figure(pd.DataFrame(rows))
+    assert {t.name for t in fig.data} == set(order)
+    cs = pd.DataFrame([{"method": m, "seed": 0, "avg": 0.5, "last": 0.5, "bwt": -0.1, "stage0_avg": 0.5,
+                        "stage1_avg": 0.5, "stage2_avg": 0.5, "R_after_sequence": 90.0} for m in ("full", "aware")])
+    assert len(views.continual_bars(cs).data) == 2
+
+
+def test_load_run_reads_tables_and_fails_clearly(tmp_path):
+    from lab._io import write_json, write_table
+
+    with pytest.raises(FileNotFoundError, match="not an AWARe ablation run"):
+        views.load_run(tmp_path)
+    write_table(tmp_path / "results", results_table())
+    write_json(tmp_path / "config.json", {"seeds": [0, 1]})
+    run = views.load_run(tmp_path)
+    assert len(run["results"]) == len(results_table()) and run["config"]["seeds"] == [0, 1]
+    assert run["continual"].empty
+
+
+def test_sweep_size_overrides_train_config():
+    size = views.sweep_size("smoke", steps=3, batch_size=2, n_eval=5, rhos=(0.0, 0.5))
+    assert size.train.steps == 3 and size.train.batch_size == 2 and size.n_eval == 5 and size.rhos == (0.0, 0.5)
