@@ -175,3 +175,16 @@ def test_cli_rejects_bad_input_cleanly(capsys, tmp_path):
     assert main(["tosca", "--inc", "3", "--runs-dir", str(tmp_path), "--quiet"]) == 2
     assert "not a multiple of inc=3" in capsys.readouterr().err
     assert main(["tosca", "--l1", "-1", "--quiet"]) == 2
+
+
+def test_nan_loss_stops_the_run_naming_task_and_epoch(tmp_path):
+    d = synthetic_data(num_tasks=3, dim=16, seed=6)
+    d.train_x[(d.train_task == 1).nonzero()[0, 0], 0] = float("nan")
+    from lab.tosca.learner import NonFiniteLoss
+
+    with pytest.raises(NonFiniteLoss, match=r"task 1, epoch 0"):
+        run(RunConfig(**FAST), data=d, runs_root=tmp_path, progress=False)
+    (rd,) = (tmp_path / "tosca").iterdir()
+    assert "task 1, epoch 0" in json.loads((rd / "error.json").read_text())["error"]
+    assert (rd / "stages" / "stage000.json").exists() and not (rd / "stages" / "stage001.json").exists()
+    assert not (rd / "summary.json").exists() and not list(rd.rglob("*.tmp"))

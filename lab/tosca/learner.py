@@ -29,7 +29,7 @@ from .luca import LuCA, check_flow
 ENGINES = ("eager", "static", "cuda_graph")
 
 
-class NonFiniteLoss(FloatingPointError):
+class NonFiniteLoss(RuntimeError):
     """The training loss became NaN/inf; the message names the task and epoch."""
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from . import metrics as M
-from .learner import ToscaConfig
+from .learner import NonFiniteLoss, ToscaConfig
 from .luca import check_flow
 from .methods import METHODS, MODES, ScenarioData, create
 from .routing import PER_BATCH_ORDER, ROUTINGS, check_routing, route
@@ -191,6 +191,9 @@ def run(cfg: RunConfig, *, runs_root=None, resume=None, progress: bool = True,
     lock = _lock(run_dir)
     try:
         return _run(cfg, run_dir, data, progress, info_m["routed"], pd, tqdm)
+    except NonFiniteLoss as exc:  # the finished tasks stay resumable; the failure is recorded
+        _io.write_json(run_dir / "error.json", {"error": str(exc), "type": type(exc).__name__})
+        raise
     finally:
         lock.unlink(missing_ok=True)
 
