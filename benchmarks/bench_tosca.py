@@ -75,7 +75,7 @@ def param_ratio() -> None:
     ad = adapter_param_count(add_adapters(copy.deepcopy(vit)))
     lu = LuCA(vit.num_features).num_parameters()
     assert lu == param_count(768, 48) == 149_808
-    print(f"\n[3] trainable parameters, ViT-B/16 (d=768), from module shapes")
+    print("\n[3] trainable parameters, ViT-B/16 (d=768), from module shapes")
     print(f"    TOSCA LuCA per task (r=48):                  {lu:>10,}")
     print(f"    layer-wise adapters, 12 blocks x r=64 (APER): {ad:>10,}")
     print(f"    ratio adapters / LuCA per task:               {ad / lu:>10.2f}x   (paper: ~8x)")

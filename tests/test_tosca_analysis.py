@@ -1,7 +1,6 @@
 """Sparsity / orthogonality analysis of learned LuCA modules (synthetic features, tiny modules)."""
 import numpy as np
 import pytest
-import torch
 
 from lab.tosca import analysis as A
 from lab.tosca._synthetic import synthetic_data

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 
 from lab.tosca._synthetic import synthetic_data
 from lab.tosca.methods import ToscaMethod, list_methods

@@ -18,10 +18,8 @@ import torch.nn.functional as F
 from .learner import add_l1_grad, cosine_lr
 
 
-def train_static(luca, head, x, y, cfg, gen: torch.Generator, *, capture: bool, t: int, on_epoch=None,
-                 batch_features=None):
-    from .learner import NonFiniteLoss
-
+def static_epochs(luca, head, x, y, cfg, gen: torch.Generator, *, capture: bool, batch_features=None):
+    """Train one task; yields (epoch, lr, mean CE) after each epoch, like the eager loop."""
     dev, B, n = x.device, cfg.batch_size, len(y)
     steps = math.ceil(n / B)
     params = [*luca.parameters(), *head.parameters()]
@@ -65,7 +63,6 @@ def train_static(luca, head, x, y, cfg, gen: torch.Generator, *, capture: bool, 
         with torch.cuda.graph(graph):
             run_steps(steps)
 
-    log = []
     for epoch in range(cfg.epochs):
         lr = cosine_lr(cfg, epoch)
         perm = torch.randperm(n, generator=gen)
@@ -75,14 +72,4 @@ def train_static(luca, head, x, y, cfg, gen: torch.Generator, *, capture: bool, 
         neg_lr.fill_(-lr)
         ce_sum.zero_()
         graph.replay() if graph is not None else run_steps(steps)
-        with torch.no_grad():
-            ce_mean, l1_mass = float(ce_sum) / n, float(luca.l1())
-        if not (math.isfinite(ce_mean) and math.isfinite(l1_mass)):
-            raise NonFiniteLoss(f"TOSCA loss became non-finite (ce {ce_mean}, Σ|p| {l1_mass}) in task {t}, "
-                                f"epoch {epoch} (lr {lr:.3g}, l1 {cfg.l1})")
-        row = {"task": t, "epoch": epoch, "ce": ce_mean, "l1_mass": l1_mass, "loss": ce_mean + cfg.l1 * l1_mass,
-               "lr": lr, "head_scale": head.scale}
-        log.append(row)
-        if on_epoch:
-            on_epoch(row)
-    return log
+        yield epoch, lr, float(ce_sum) / n

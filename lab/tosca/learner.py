@@ -154,31 +154,14 @@ class Tosca(nn.Module):
         luca.reset_parameters(generator=gen)  # drawn on the CPU: the same numbers on every device
         luca.to(dev)
         self.head.grow(len(classes), generator=gen)
-        params = [*luca.parameters(), *self.head.parameters()]
-        n_luca = len(list(luca.parameters()))
-        bufs = [torch.zeros_like(p) for p in params]
-        if cfg.engine != "eager":  # the same maths on static buffers, optionally one CUDA graph per epoch
-            from ._graph import train_static
+        if cfg.engine == "eager":
+            epochs = self._epochs(luca, x, y, batch_features, gen)
+        else:  # the same maths on static buffers, optionally one CUDA graph per epoch (lab/tosca/_graph.py)
+            from ._graph import static_epochs
 
-            log = train_static(luca, self.head, x, y, cfg, gen, capture=cfg.engine == "cuda_graph", t=t,
-                               on_epoch=on_epoch, batch_features=batch_features)
-            self.log.extend(log)
-            epochs = ()
-        else:
-            epochs = range(cfg.epochs)
-
-        for epoch in epochs:
-            lr = cosine_lr(cfg, epoch)
-            ce_sum = torch.zeros((), device=dev)
-            perm = torch.randperm(len(y), generator=gen).to(dev)
-            for idx in perm.split(cfg.batch_size):
-                logits = self.head(luca(batch_features(idx)))  # [B, classes seen so far]
-                ce = F.cross_entropy(logits, y[idx])
-                grads = list(torch.autograd.grad(ce, params))
-                add_l1_grad(params[:n_luca], grads[:n_luca], cfg.l1)  # loss = ce + l1·Σ|p_luca|
-                sgd_step(params, grads, bufs, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-                ce_sum += ce.detach() * len(idx)
-            ce_mean = float(ce_sum) / len(y)
+            epochs = static_epochs(luca, self.head, x, y, cfg, gen, capture=cfg.engine == "cuda_graph",
+                                   batch_features=batch_features)
+        for epoch, lr, ce_mean in epochs:
             with torch.no_grad():
                 l1_mass = float(luca.l1())
             if not (math.isfinite(ce_mean) and math.isfinite(l1_mass)):
@@ -196,6 +179,25 @@ class Tosca(nn.Module):
         self.luca.append(luca)
         self.task_classes.append(classes)
         return luca
+
+    def _epochs(self, luca, x, y, batch_features, gen):
+        """The eager loop; yields (epoch, lr, mean CE) after each epoch."""
+        cfg, dev = self.config, self.config.device
+        params = [*luca.parameters(), *self.head.parameters()]
+        n_luca = len(list(luca.parameters()))
+        bufs = [torch.zeros_like(p) for p in params]
+        for epoch in range(cfg.epochs):
+            lr = cosine_lr(cfg, epoch)
+            ce_sum = torch.zeros((), device=dev)
+            perm = torch.randperm(len(y), generator=gen).to(dev)
+            for idx in perm.split(cfg.batch_size):
+                logits = self.head(luca(batch_features(idx)))  # [B, classes seen so far]
+                ce = F.cross_entropy(logits, y[idx])
+                grads = list(torch.autograd.grad(ce, params))
+                add_l1_grad(params[:n_luca], grads[:n_luca], cfg.l1)  # loss = ce + l1·Σ|p_luca|
+                sgd_step(params, grads, bufs, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+                ce_sum += ce.detach() * len(idx)
+            yield epoch, lr, float(ce_sum) / len(y)
 
     @torch.no_grad()
     def all_logits(self, x: torch.Tensor, chunk: int = 8192) -> torch.Tensor:

@@ -20,6 +20,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +29,9 @@ from .learner import NonFiniteLoss, ToscaConfig
 from .luca import check_flow
 from .methods import METHODS, MODES, ScenarioData, create
 from .routing import PER_BATCH_ORDER, ROUTINGS, check_routing, route
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -84,11 +88,11 @@ class RunConfig:
 class RunResult:
     run_dir: Path
     config: RunConfig
-    summary: "pd.DataFrame"  # noqa: F821  one row per routing
-    stages: "pd.DataFrame"  # noqa: F821  A_b per stage and routing
-    matrix: "pd.DataFrame"  # noqa: F821  accuracy per (routing, task, stage)
-    tasks: "pd.DataFrame"  # noqa: F821  per task: classes, sizes, trainable params, times
-    epochs: "pd.DataFrame"  # noqa: F821  per (task, epoch) training log
+    summary: "pd.DataFrame"  # one row per routing
+    stages: "pd.DataFrame"  # A_b per stage and routing
+    matrix: "pd.DataFrame"  # accuracy per (routing, task, stage)
+    tasks: "pd.DataFrame"  # per task: classes, sizes, trainable params, times
+    epochs: "pd.DataFrame"  # per (task, epoch) training log
     info: dict = field(default_factory=dict)  # summary.json
     method: object = None  # the trained method (for lab.tosca.analysis)
     data: ScenarioData | None = None
