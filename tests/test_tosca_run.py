@@ -187,3 +187,9 @@ def test_nan_loss_stops_the_run_naming_task_and_epoch(tmp_path):
     assert "task 1, epoch 0" in json.loads((rd / "error.json").read_text())["error"]
     assert (rd / "stages" / "stage000.json").exists() and not (rd / "stages" / "stage001.json").exists()
     assert not (rd / "summary.json").exists() and not list(rd.rglob("*.tmp"))
+
+
+def test_progress_bars_over_tasks_and_epochs(data, tmp_path, capsys):
+    run(RunConfig(epochs=1), data=data, runs_root=tmp_path, progress=True)
+    err = capsys.readouterr().err
+    assert "tosca tasks" in err and "task 2 epochs" in err

@@ -54,4 +54,5 @@ class AugmentedFeatures:
         batch = self.images[idx.cpu().numpy()]
         x = random_resized_crop_flip(self.backbone.preprocess(batch).float(), self.generator)
         self.images_seen += len(idx)
-        return self.backbone.features(x.to(self.device)).float()
+        where = next(self.backbone.model.parameters()).device  # the backbone may live elsewhere
+        return self.backbone.features(x.to(where)).float().to(self.device)
