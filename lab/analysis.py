@@ -1,7 +1,7 @@
 """Instruments for the ventral-stream notebook (issue 5, notebook 01) and the routing study of
 notebook 02: what a representation is like along a backbone's depth, and what adapting it changes.
 
-* :func:`linear_cka`, :func:`cka_matrix` — linear CKA (Kornblith et al., ICML 2019) between two
+* :func:`linear_cka`, :func:`cka_matrix`, :func:`cka_by_stage` — linear CKA (Kornblith et al., ICML 2019) between two
   sets of features of the same images; 1 = the same geometry up to rotation and scale.
 * :func:`augment`, :func:`stage_features`, :func:`invariance` — how close a stage's feature of an
   image stays to the feature of its augmented twin, relative to a random other image.
@@ -53,12 +53,34 @@ def cka_matrix(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor] | None = N
     return pd.DataFrame([[linear_cka(a[i], b[j]) for j in b] for i in a], index=list(a), columns=list(b))
 
 
+# --- subsets -------------------------------------------------------------------------------------------
+def balanced_indices(labels, per_class: int, *, classes=None, seed: int = 0) -> np.ndarray:
+    """Sorted indices of up to ``per_class`` random samples of each class in ``classes`` (default: all)."""
+    labels = np.asarray(labels)
+    rng = np.random.RandomState(seed)
+    classes = np.unique(labels) if classes is None else classes
+    idx = [rng.permutation(np.flatnonzero(labels == c))[:per_class] for c in classes]
+    return np.sort(np.concatenate(idx)) if idx else np.zeros(0, dtype=np.int64)
+
+
+def relabel(labels, classes) -> torch.Tensor:
+    """Dataset labels -> position in ``classes`` (0..len-1), -1 for labels outside ``classes``."""
+    lut = {int(c): i for i, c in enumerate(classes)}
+    return torch.tensor([lut.get(int(c), -1) for c in np.asarray(labels)], dtype=torch.long)
+
+
 # --- augmentation and stage features -------------------------------------------------------------
-def augment(x: torch.Tensor, generator: torch.Generator, *, scale=(0.6, 1.0), max_rotate: float = 15.0,
-            flip_p: float = 0.5, jitter: float = 0.3) -> torch.Tensor:
-    """Mild label-preserving augmentation of preprocessed images ``x [N, 3, R, R]``: a random
-    crop of ``scale`` of the area (resized back), a rotation within ``±max_rotate`` degrees, a
-    horizontal flip, and contrast/brightness jitter of relative size ``jitter``."""
+AUGMENTATIONS = ("all", "geometric", "photometric")
+
+
+def augment(x: torch.Tensor, generator: torch.Generator, *, kind: str = "all", scale=(0.6, 1.0),
+            max_rotate: float = 15.0, flip_p: float = 0.5, jitter: float = 0.3) -> torch.Tensor:
+    """Mild label-preserving augmentation of preprocessed images ``x [N, 3, R, R]``. Geometric: a
+    random crop of ``scale`` of the area (resized back), a rotation within ``±max_rotate`` degrees,
+    a horizontal flip; photometric: contrast/brightness jitter of relative size ``jitter``.
+    ``kind`` picks both ('all') or one of them (the same random draws either way)."""
+    if kind not in AUGMENTATIONS:
+        raise ValueError(f"unknown augmentation kind {kind!r}; valid: {', '.join(AUGMENTATIONS)}")
     n = x.shape[0]
     u = torch.rand(n, 6, generator=generator)
     s = torch.sqrt(scale[0] + (scale[1] - scale[0]) * u[:, 0])  # side fraction of the crop
@@ -68,19 +90,29 @@ def augment(x: torch.Tensor, generator: torch.Generator, *, scale=(0.6, 1.0), ma
     theta[:, 0, 0], theta[:, 0, 1] = s * torch.cos(a) * flip, -s * torch.sin(a)
     theta[:, 1, 0], theta[:, 1, 1] = s * torch.sin(a) * flip, s * torch.cos(a)
     theta[:, 0, 2], theta[:, 1, 2] = (2 * u[:, 3] - 1) * (1 - s), (2 * u[:, 4] - 1) * (1 - s)
-    grid = F.affine_grid(theta.to(x), list(x.shape), align_corners=False)
-    out = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
     contrast = (1 + jitter * (2 * u[:, 5] - 1)).view(n, 1, 1, 1).to(x)
     bright = (jitter * (2 * torch.rand(n, generator=generator) - 1)).view(n, 1, 1, 1).to(x)
-    return out * contrast + bright
+    if kind != "photometric":
+        grid = F.affine_grid(theta.to(x), list(x.shape), align_corners=False)
+        x = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    return x if kind == "geometric" else x * contrast + bright
+
+
+def augmented_examples(images, n: int = 6, *, seed: int = 0) -> np.ndarray:
+    """``n`` uint8 images followed by one augmented twin of each (what :func:`augment` does, to look at)."""
+    x = torch.from_numpy(np.asarray(images[:n])).float() / 255
+    x = x.unsqueeze(1).expand(-1, 3, -1, -1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
+    y = augment(x.contiguous(), torch.Generator().manual_seed(seed)).clamp(0, 1)
+    both = torch.cat([x, y]).permute(0, 2, 3, 1)
+    return (both * 255).round().byte().numpy()
 
 
 @torch.no_grad()
-def stage_features(bb, images, *, batch_size: int = 64, augmented: bool = False, seed: int = 0,
+def stage_features(bb, images, *, batch_size: int = 64, augmented: bool | str = False, seed: int = 0,
                    progress: bool = False) -> dict[str, torch.Tensor]:
     """Pooled output of every stage of backbone ``bb`` for ``images`` (uint8, in memory, uncached):
     ``{stage: [N, C_stage]}``. For a CNN the last stage ('head') pooled is the decision-point
-    feature. ``augmented=True`` passes each image through :func:`augment` first (seeded)."""
+    feature. ``augmented`` (True or an :func:`augment` kind) augments each image first (seeded)."""
     from tqdm.auto import tqdm
 
     gen = torch.Generator().manual_seed(seed)
@@ -90,11 +122,30 @@ def stage_features(bb, images, *, batch_size: int = 64, augmented: bool = False,
     for i in tqdm(range(0, len(images), batch_size), disable=not progress, desc="stages", unit="batch"):
         x = bb.preprocess(images[i:i + batch_size]).float()
         if augmented:
-            x = augment(x, gen)
+            x = augment(x, gen, kind="all" if augmented is True else augmented)
         for k, v in bb.pooled_stages(x).items():
             outs.setdefault(k, []).append(v.float())
     bb.model.train(was_training)
     return {k: torch.cat(v) for k, v in outs.items()}
+
+
+@torch.no_grad()
+def stage_shapes(bb, image) -> "pd.DataFrame":  # noqa: F821
+    """Channels and spatial size (or tokens) of every stage for one image at the backbone's resolution."""
+    import pandas as pd
+
+    out = bb.stages(bb.preprocess(np.asarray(image)[None]).float())
+    return pd.DataFrame([{"stage": k, "depth": i, "channels": v.shape[1 if v.ndim == 4 else 2],
+                          "grid": f"{v.shape[2]}x{v.shape[3]}" if v.ndim == 4 else f"{v.shape[1]} tokens"}
+                         for i, (k, v) in enumerate(out.items())])
+
+
+def cka_by_stage(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]):
+    """Linear CKA of each stage with itself before and after a change (same images): 1 = unchanged geometry."""
+    import pandas as pd
+
+    return pd.DataFrame([{"stage": k, "depth": i, "cka": linear_cka(before[k], after[k])}
+                         for i, k in enumerate(before)])
 
 
 def invariance(clean: dict[str, torch.Tensor], augmented: dict[str, torch.Tensor], *, seed: int = 0):
@@ -260,11 +311,13 @@ def photos(names=PHOTOS, size: int = 224) -> tuple[np.ndarray, list[str]]:
 
 
 @torch.no_grad()
-def imagenet_top1(bb, images, batch_size: int = 32):
-    """Top-1 ImageNet class index and its description for each image, from ``bb``'s own head."""
+def imagenet_top1(bb, images, batch_size: int = 32, *, resolution: int | None = None):
+    """Top-1 ImageNet class index and its description for each image, from ``bb``'s own head,
+    at ``resolution`` (default: the backbone's; a CNN's weights work at any size)."""
     from timm.data import ImageNetInfo
 
     info = ImageNetInfo()
+    bb = replace(bb, resolution=resolution) if resolution else bb
     idx = torch.cat([bb.logits(bb.preprocess(images[i:i + batch_size]).float()).argmax(1)
                      for i in range(0, len(images), batch_size)])
     return idx, [info.index_to_description(int(i)).split(",")[0] for i in idx]

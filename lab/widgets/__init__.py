@@ -63,17 +63,17 @@ class Panel:
         return ""
 
     def refresh(self) -> None:
-        from IPython.display import clear_output, display
-
         t0 = time.perf_counter()
         self.result, self.figures = self.compute(**self.values())
         self.seconds, self.error = time.perf_counter() - t0, None
         self.refreshes += 1
         self.status.value = f"{self.describe(self.result)} <small>({self.seconds:.1f} s)</small>"
-        with self.output:
-            clear_output(wait=True)
-            for fig in self.figures:
-                display(fig)
+        # Set the Output widget's contents directly rather than `with self.output: display(...)`:
+        # capturing through the context manager can stall nbclient/papermill on the executing
+        # cell (seen with ipykernel 7 / nbclient 0.11) until its timeout.
+        self.output.outputs = ()
+        for fig in self.figures:
+            self.output.append_display_data(fig)
 
     def _on_change(self, _change) -> None:
         try:
