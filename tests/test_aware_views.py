@@ -224,3 +224,52 @@ def test_load_run_reads_tables_and_fails_clearly(tmp_path):
 def test_sweep_size_overrides_train_config():
     size = views.sweep_size("smoke", steps=3, batch_size=2, n_eval=5, rhos=(0.0, 0.5))
     assert size.train.steps == 3 and size.train.batch_size == 2 and size.n_eval == 5 and size.rhos == (0.0, 0.5)
+
+
+def test_profile_nested_equals_profiling_each_nested_set():
+    """The first-n profiles, combined from chunks, are the profiles of the first n samples."""
+    from types import SimpleNamespace
+
+    from lab.aware.prompts import ChatEncoder
+    from lab.aware.tasks import QASet
+    from lab.aware.tiny import tiny_minillava, tiny_tokenizer
+
+    words = ["red", "blue", "green", "what", "color", "is", "it", "?"]
+    tok = tiny_tokenizer(words)
+    g = np.random.RandomState(0)
+    qa = QASet("toy", ["what color is it ?"] * 20, [("red", "blue", "green")[g.randint(3)] for _ in range(20)],
+               [("red", "blue", "green")] * 20, np.arange(20), torch.randn(20, 4, 8, generator=torch.Generator().manual_seed(0)))
+    ctx = SimpleNamespace(base=tiny_minillava(tok, 8), enc=ChatEncoder(tok, 4),
+                          calib={("upstream", 20): qa, ("upstream", 5): qa.subset(range(5)),
+                                 ("upstream", 12): qa.subset(range(12))})
+    nested = views.profile_nested(ctx, (5, 12), progress=False)
+    assert list(nested) == [("upstream", 20), ("upstream", 12), ("upstream", 5)]
+    direct = views.profile_sets(ctx, list(nested), progress=False)
+    for k in nested:
+        assert nested[k].n_samples == k[1]
+        for n in direct[k].scores:
+            torch.testing.assert_close(nested[k].scores[n], direct[k].scores[n], rtol=1e-5, atol=1e-6)
+
+
+def test_calibration_agreement_and_findings():
+    st = study()
+    agree, sel = views.calibration_agreement(st, 0.3, "upstream-8")
+    assert list(agree.compared) == ["proxy-8", "weight-norm", "random"]
+    assert agree.jaccard.between(0, 1).all() and np.isnan(agree.set_index("compared").loc["random", "spearman"])
+    assert -1 <= agree.set_index("compared").loc["proxy-8", "spearman"] <= 1
+    fig = views.calibration_size_figure(agree)
+    assert fig.layout.xaxis.type == "log"
+    f = views.saliency_findings(st, rho=0.3)
+    assert f["reference"] == "upstream-8" and 0 < f["q_proj_top1_share"] <= 1 and "jaccard_proxy-8" in f
+    text = views.describe_saliency(f, st)
+    assert "Heavy tail" in text and f"{f['jaccard_proxy-8']:.2f}" in text and "nan" not in text
+    assert views.layer_name(st.profiles["upstream-8"], "k_proj", 99) == lm_name(2, "k_proj")   # clamped
+
+
+def test_target_summary_counts_layer_shapes():
+    from lab.aware.tiny import tiny_minillava, tiny_tokenizer
+
+    model = tiny_minillava(tiny_tokenizer(["a"]), 8)
+    ts = views.target_summary(model).set_index("target")
+    assert ts.loc["q_proj", "layers"] == 2 and ts.loc["projector", "layers"] == 2
+    assert ts.loc["projector", "d_in"] == 32 and ts["share_of_model_%"].sum() < 100

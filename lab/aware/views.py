@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 MAIN_TARGETS = ("q_proj", "k_proj", "v_proj", "projector")
+ALL_TARGETS = MAIN_TARGETS + ("gate_proj", "up_proj", "down_proj")
 _KNOWN = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _PROJECTOR = re.compile(r"(^|\.)(mm_projector|multi_modal_projector)(\.|$)")
 _RULE_SHORT = {"activation-global": "global", "activation-balanced": "balanced"}
@@ -87,8 +88,45 @@ def profile_sets(ctx, keys=None, *, targets: str = "qkv+projector+mlp", progress
 
     # the main set (largest upstream) first: it is the reference everything else is compared with
     keys = sorted(ctx.calib, key=lambda k: (k[0] != "upstream", -k[1])) if keys is None else list(keys)
-    return {k: profile(ctx.base, calibration_batches(ctx.calib[k], ctx.enc), targets=targets, progress=progress)
-            for k in keys}
+    out = {}
+    for k in keys:
+        batches = calibration_batches(ctx.calib[k], ctx.enc)
+        out[k] = profile(ctx.base, batches, targets=targets, total=len(batches), progress=progress)
+    return out
+
+
+def profile_nested(ctx, sizes, kind: str = "upstream", *, targets: str = "qkv+projector+mlp",
+                   progress: bool = True) -> dict:
+    """``{(kind, n): Saliency}`` for the first ``n`` samples of the largest ``kind`` set, for every
+    ``n`` in ``sizes``, at the cost of profiling the largest set once.
+
+    Saliency is a mean over samples, so the profile of the first ``n`` samples is the count-weighted
+    mean of the profiles of consecutive chunks. Matches :func:`profile_sets` on the nested sets that
+    :func:`setup` builds (``ctx.calib[(kind, n)]`` = the first ``n`` of the largest)."""
+    from lab.aware.continual import calibration_batches
+    from lab.aware.saliency import Saliency, profile
+
+    full = max((k for k in ctx.calib if k[0] == kind), key=lambda k: k[1])
+    qa = ctx.calib[full]
+    bounds = sorted({min(int(n), len(qa)) for n in sizes} | {len(qa)})
+    sums: dict[str, Tensor] = {}
+    counts: dict[str, int] = {}
+    seconds, start, out = 0.0, 0, {}
+    for end in bounds:
+        if end > start:
+            batches = calibration_batches(qa.subset(range(start, end)), ctx.enc)
+            s = profile(ctx.base, batches, targets=targets, total=len(batches), progress=progress)
+            for n, v in s.scores.items():
+                c = s.meta["counts"][n]
+                sums[n] = sums.get(n, torch.zeros_like(v, dtype=torch.float64)) + c * v.double()
+                counts[n] = counts.get(n, 0) + c
+            seconds += s.seconds
+            start = end
+        if end in {min(int(n), len(qa)) for n in sizes} or end == len(qa):
+            key = full if end == len(qa) else (kind, end)
+            out[key] = Saliency({n: (sums[n] / max(counts[n], 1)).float() for n in sums}, end, seconds,
+                                meta={"counts": dict(counts), "nested_in": label(full)})
+    return dict(sorted(out.items(), key=lambda kv: -kv[0][1]))
 
 
 def label(key) -> str:
@@ -168,6 +206,33 @@ def layer_table(scores: Mapping[str, Tensor]):
     return pd.DataFrame(rows)
 
 
+def target_summary(model, targets: str = "qkv+projector+mlp"):
+    """Per target kind: how many Linear layers, their shapes, and their share of all parameters."""
+    import pandas as pd
+
+    from lab.aware.targets import find_targets
+
+    layers = find_targets(model, targets)
+    total = sum(p.numel() for p in model.parameters())
+    lt = layer_table({n: m.weight[:, 0] for n, m in layers.items()})
+    lt["d_in"] = [layers[n].in_features for n in lt.name]
+    lt["params"] = [layers[n].weight.numel() + (layers[n].bias.numel() if layers[n].bias is not None else 0)
+                    for n in lt.name]
+    g = lt.groupby("target", sort=False).agg(layers=("name", "size"), d_out=("d_out", "max"),
+                                             d_in=("d_in", "max"), params=("params", "sum"))
+    g["share_of_model_%"] = 100 * g.params / total
+    return g.reset_index()
+
+
+def layer_name(scores: Mapping[str, Tensor], target: str, layer: int) -> str:
+    """The module name of ``target`` in ``layer`` (clamped to the last layer of that target)."""
+    lt = layer_table(scores)
+    lt = lt[lt.target == target]
+    if lt.empty:
+        raise ValueError(f"no layers of target {target!r}")
+    return lt[lt.layer == min(int(layer), int(lt.layer.max()))].name.iloc[0]
+
+
 def relative(v: Tensor) -> np.ndarray:
     """``s * sqrt(d_out)``: 1 = an equal share of the layer's (unit-norm) activation."""
     v = v.detach().float().cpu().numpy()
@@ -213,7 +278,7 @@ def concentration(scores: Mapping[str, Tensor], tops=(0.01, 0.1)):
     return pd.DataFrame(rows)
 
 
-def concentration_summary(conc, targets=MAIN_TARGETS):
+def concentration_summary(conc, targets=ALL_TARGETS):
     """Median over layers of :func:`concentration`, one row per target."""
     cols = [c for c in conc.columns if c not in ("target", "layer", "d_out")]
     g = conc.groupby("target", sort=False)[cols].median()
@@ -358,7 +423,7 @@ def saliency_heatmaps(scores: Mapping[str, Tensor], targets=MAIN_TARGETS, *, sor
             g, layers = _grid(scores, t, sort=False, values={n: masks[n].float().numpy() for n in masks})
         grids[t] = (g, layers)
     heights = [max(len(l), 3) for _, l in grids.values()]
-    fig = make_subplots(rows=len(targets), cols=1, row_heights=heights, vertical_spacing=0.07,
+    fig = make_subplots(rows=len(targets), cols=1, row_heights=heights, vertical_spacing=0.1 if len(targets) > 1 else 0.05,
                         subplot_titles=[f"{t} ({grids[t][0].shape[0]} layers x {grids[t][0].shape[1]} neurons)"
                                         for t in targets])
     for i, t in enumerate(targets, 1):
@@ -366,7 +431,8 @@ def saliency_heatmaps(scores: Mapping[str, Tensor], targets=MAIN_TARGETS, *, sor
         fig.add_trace(go.Heatmap(z=g, y=[str(x) for x in layers], coloraxis="coloraxis",
                                  hovertemplate="layer %{y}<br>neuron %{x}<br>%{z}<extra>" + t + "</extra>"), i, 1)
         fig.update_yaxes(title_text="layer", type="category", row=i, col=1)
-        fig.update_xaxes(title_text="neuron (sorted by saliency)" if sort else "neuron", row=i, col=1)
+        if i == len(targets):
+            fig.update_xaxes(title_text="neuron, most salient first" if sort else "neuron", row=i, col=1)
     if masks is None:
         color = dict(colorscale="Viridis", colorbar=dict(title="log10<br>x uniform"), cmin=-1, cmax=1.5)
     else:
@@ -410,14 +476,99 @@ def frozen_by_layer(selections: Mapping[str, Mapping[str, Tensor]], targets=MAIN
                   range_y=(-0.02, 1.02), title=title or "Which layers the selection freezes",
                   hover_data=["frozen", "rows"])
     fig.update_layout(height=380, yaxis_title="frozen fraction of the layer's rows")
-    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
+    fig.for_each_annotation(lambda a: a.update(text=a.text.partition("=")[2]))
     return fig
 
 
-def mask_image(masks: Mapping[str, Tensor], target: str, title: str = ""):
-    """One target's frozen rows as a layer x neuron map (red = frozen)."""
-    return saliency_heatmaps(masks, (target,), masks=masks, title=title or f"frozen rows of {target}",
-                             height=260 + 12 * len(frozen_table(masks).query("target == @target")))
+def mask_image(masks: Mapping[str, Tensor], targets=MAIN_TARGETS, title: str = ""):
+    """Frozen rows as layer x neuron maps (red = frozen), one panel per target."""
+    targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    n = int(frozen_table(masks).target.isin(targets).sum())
+    return saliency_heatmaps(masks, targets, masks=masks, title=title or f"frozen rows of {', '.join(targets)}",
+                             height=200 + 12 * n + 60 * len(targets))
+
+
+def calibration_agreement(study: Study, rho: float = 0.3, reference: str | None = None, *, seed: int = 0):
+    """How much the rho-masks from every calibration profile (and from the weight-norm and random
+    rules) agree with the reference profile's: Jaccard, overlap, chance levels, and the Spearman
+    correlation of the saliency itself over all neurons (``nan`` for the non-activation rules)."""
+    reference = reference or study.labels[0]
+    sel = {lab_: study.select(lab_, rho) for lab_ in study.labels}
+    sel["weight-norm"] = study.select(reference, rho, "weight-norm")
+    sel["random"] = study.select(reference, rho, "random", seed=seed)
+    ot = overlap_table(sel, reference)
+    ref_scores = study.scores(reference)
+    ot["spearman"] = [rank_agreement(ref_scores, study.scores(c)) if c in study.profiles else float("nan")
+                      for c in ot.compared]
+    ot["samples"] = [study.n_samples.get(c, np.nan) for c in ot.compared]
+    return ot, sel
+
+
+def calibration_size_figure(agreement, title: str = ""):
+    """Jaccard with the reference mask against calibration-set size (nested upstream sets), with the
+    proxy set and the chance level as reference lines."""
+    import plotly.graph_objects as go
+
+    ref = agreement.reference.iloc[0]
+    kind = ref.split("-")[0]
+    nested = agreement[agreement.compared.str.startswith(kind + "-")].sort_values("samples")
+    fig = go.Figure(go.Scatter(x=nested.samples, y=nested.jaccard, mode="lines+markers", name=f"first n {kind} samples"))
+    for r in agreement[~agreement.compared.str.startswith(kind + "-")].itertuples():
+        fig.add_hline(y=r.jaccard, line_dash="dash", annotation_text=r.compared, annotation_position="top left",
+                      line_color="#e67e22" if r.compared.startswith("proxy") else "#7f8c8d")
+    fig.add_hline(y=float(agreement.chance_jaccard.iloc[0]), line_dash="dot", line_color="black",
+                  annotation_text="chance", annotation_position="bottom left")
+    fig.update_layout(title=title or f"How many calibration samples does the mask need? (Jaccard with {ref})",
+                      xaxis_title="calibration samples", yaxis_title="Jaccard with the reference mask",
+                      xaxis_type="log", yaxis_range=(0, 1.02), height=400)
+    return fig
+
+
+def describe_saliency(f: dict, study: Study) -> str:
+    """Notebook 03's findings as Markdown bullets, from :func:`saliency_findings` (computed numbers only)."""
+    ref = f["reference"]
+    proxy = next((k for k in study.labels if k.startswith("proxy")), None)
+    small = min(study.n_samples, key=study.n_samples.get) if study.n_samples else ref
+    pct = lambda k: f"{100 * f[k]:.1f}%"  # noqa: E731
+    lines = [f"- **Heavy tail.** In the median q layer the top 1% of neurons hold {pct('q_proj_top1_share')} of the "
+             f"activation energy (uniform: 1%); half of it sits in {pct('q_proj_half_mass_frac')} of the neurons "
+             f"(k {pct('k_proj_half_mass_frac')}, v {pct('v_proj_half_mass_frac')}, projector "
+             f"{pct('projector_half_mass_frac')}; uniform: 50%)."]
+    if "q_proj_frozen" in f:
+        lines.append(f"- **What rho={f['rho']:g} freezes (global rule).** q {pct('q_proj_frozen')}, k {pct('k_proj_frozen')}, "
+                     f"v {pct('v_proj_frozen')}, projector {pct('projector_frozen')} of their rows"
+                     + (f"; {pct('trainable_frac')} of all parameters stay trainable." if "trainable_frac" in f else "."))
+    if proxy:
+        lines.append(f"- **Calibration data.** Masks from {ref} and {proxy}: Jaccard {f['jaccard_' + proxy]:.2f} "
+                     f"(chance {f['chance_jaccard']:.2f}; the weight-norm rule {f['jaccard_weight-norm']:.2f}, a random "
+                     f"mask {f['jaccard_random']:.2f}); rank correlation of the saliency {f['spearman_' + proxy]:.2f}.")
+    if small != ref:
+        lines.append(f"- **Calibration size.** The mask from the first {study.n_samples[small]} samples has Jaccard "
+                     f"{f['jaccard_' + small]:.2f} with the {study.n_samples[ref]}-sample mask.")
+    return "\n".join(lines)
+
+
+def saliency_findings(study: Study, ctx_model=None, rho: float = 0.3, *, seed: int = 0) -> dict:
+    """Headline numbers of notebook 03, computed from a :class:`Study` (and the model, for the
+    trainable fraction of all parameters)."""
+    ref = study.labels[0]
+    conc = concentration_summary(concentration(study.scores(ref))).set_index("target")
+    glob = study.select(ref, rho)
+    by = frozen_by_target({"g": glob})["g"]
+    agree, _ = calibration_agreement(study, rho, ref, seed=seed)
+    agree = agree.set_index("compared")
+    out = {"reference": ref, "rho": rho}
+    for t in conc.index:
+        out[f"{t}_top1_share"] = float(conc.loc[t, "top1%_share"])
+        out[f"{t}_half_mass_frac"] = float(conc.loc[t, "half_mass_frac"])
+        out[f"{t}_frozen"] = float(by.get(t, np.nan))
+    for c in agree.index:
+        out[f"jaccard_{c}"] = float(agree.loc[c, "jaccard"])
+        out[f"spearman_{c}"] = float(agree.loc[c, "spearman"])
+    out["chance_jaccard"] = float(agree.chance_jaccard.iloc[0])
+    if ctx_model is not None:
+        out["trainable_frac"] = parameter_budget(ctx_model, glob)["trainable_frac"]
+    return out
 
 
 def layer_profile(scores: Mapping[str, Tensor], name: str, frozen: Tensor | None = None, title: str = ""):
@@ -552,7 +703,7 @@ def continual_figure(continual, title: str = ""):
     fig = px.line(df, x="after stage", y="acc", color="task", facet_col="method", markers=True, range_y=(0, 1.02),
                   title=title or "Continual sequence: accuracy on each task after each stage")
     fig.update_layout(height=400, yaxis_title="accuracy")
-    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
+    fig.for_each_annotation(lambda a: a.update(text=a.text.partition("=")[2]))
     return fig
 
 
