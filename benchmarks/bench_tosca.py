@@ -35,7 +35,7 @@ def _sync(device):
 
 def train_and_eval(x_tr, y_tr, task_tr, x_te, y_te, task_te, tasks, cfg):
     """TOSCA on ready features: train every task, evaluate after each stage under every routing."""
-    from lab.tosca.learner import Tosca
+    from lab.tosca.learner import Tosca, cpu_threads
     from lab.tosca.routing import ROUTINGS, route
 
     model = Tosca(x_tr.shape[1], cfg)
@@ -49,10 +49,11 @@ def train_and_eval(x_tr, y_tr, task_tr, x_te, y_te, task_te, tasks, cfg):
         _sync(cfg.device)
         t1 = time.perf_counter()
         seen = task_te <= t
-        logits = model.all_logits(x_te[seen])
-        for r in ROUTINGS:
-            res = route(logits, r, task_ids=task_te[seen], labels=y_te[seen])
-            acc[r] = float((res.preds == y_te[seen].cpu()).float().mean() * 100)
+        with cpu_threads(cfg.threads if cfg.device == "cpu" else 0):
+            logits = model.all_logits(x_te[seen])
+            for r in ROUTINGS:
+                res = route(logits, r, task_ids=task_te[seen], labels=y_te[seen])
+                acc[r] = float((res.preds == y_te[seen].cpu()).float().mean() * 100)
         _sync(cfg.device)
         t_train, t_eval = t_train + t1 - t0, t_eval + time.perf_counter() - t1
     return t_train, t_eval, acc, model
@@ -139,10 +140,10 @@ def gpu_bench(args) -> None:
 
     from lab.tosca.learner import ToscaConfig
 
-    dev = "cuda"
+    dev = args.device
     torch.manual_seed(0)
     n_tr, n_te, C, inc = args.gpu_train, args.gpu_test, 100, 5
-    vit = timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=0).to(dev).eval().requires_grad_(False)
+    vit = timm.create_model(args.vit, pretrained=False, num_classes=0, img_size=args.res).to(dev).eval().requires_grad_(False)
     if args.compile:
         vit = torch.compile(vit)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -154,8 +155,8 @@ def gpu_bench(args) -> None:
     def feature_pass(images, batch=512):
         out = []
         for i in range(0, len(images), batch):
-            x = F.interpolate(images[i:i + batch].float() / 255, size=224, mode="bilinear", align_corners=False)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            x = F.interpolate(images[i:i + batch].float() / 255, size=args.res, mode="bilinear", align_corners=False)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.startswith("cuda")):
                 out.append(vit((x - mean) / mean).float())
         return torch.cat(out)
 
@@ -167,8 +168,9 @@ def gpu_bench(args) -> None:
     t_pass = time.perf_counter() - t0
     task = y // inc
     tasks = [list(range(t * inc, (t + 1) * inc)) for t in range(C // inc)]
-    print(f"GPU {torch.cuda.get_device_name(0)}: ViT-B/16 random weights, bf16 autocast{' + compile' if args.compile else ''}, "
-          f"{n_tr} train + {n_te} test images (32 px -> 224), {len(tasks)} tasks, {len(imgs) / t_pass:,.0f} images/s")
+    where = torch.cuda.get_device_name(0) if dev.startswith("cuda") else "CPU (dry run)"
+    print(f"{where}: {args.vit} random weights, {'bf16 autocast' if dev.startswith('cuda') else 'fp32'}{' + compile' if args.compile else ''}, "
+          f"{n_tr} train + {n_te} test images (32 px -> {args.res}), {len(tasks)} tasks, {len(imgs) / t_pass:,.0f} images/s")
     for engine in args.engines.split(","):
         cfg = ToscaConfig(epochs=args.epochs, device=dev, engine=engine)
         x_tr, x_te = feats[:n_tr], feats[n_tr:]
@@ -193,9 +195,13 @@ def main(argv=None) -> None:
     p.add_argument("--gpu-train", type=int, default=50_000)
     p.add_argument("--gpu-test", type=int, default=10_000)
     p.add_argument("--compile", action="store_true", help="torch.compile the backbone (GPU path)")
+    p.add_argument("--synthetic", action="store_true",
+                   help="the GPU path's synthetic CIFAR-100-sized setup on any device (implied by --device cuda)")
+    p.add_argument("--vit", default="vit_base_patch16_224", help="backbone of the synthetic path (random weights)")
+    p.add_argument("--res", type=int, default=224, help="input resolution of the synthetic path")
     p.add_argument("--skip-params", action="store_true")
     args = p.parse_args(argv)
-    cpu_bench(args) if args.device == "cpu" else gpu_bench(args)
+    gpu_bench(args) if (args.synthetic or args.device != "cpu") else cpu_bench(args)
     if not args.skip_params:
         param_ratio()
 

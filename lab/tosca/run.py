@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import metrics as M
-from .learner import NonFiniteLoss, ToscaConfig
+from .learner import NonFiniteLoss, ToscaConfig, cpu_threads
 from .luca import check_flow
 from .methods import METHODS, MODES, ScenarioData, create
 from .routing import PER_BATCH_ORDER, ROUTINGS, check_routing, route
@@ -238,7 +238,8 @@ def _run(cfg, run_dir, data, progress, routed, pd, tqdm) -> RunResult:
         t0 = time.perf_counter()
         method.learn_task(t, classes, data, on_epoch=on_epoch)
         t1 = time.perf_counter()
-        ev = _evaluate(method, data, t, routed, cfg.per_batch_size)
+        with cpu_threads(cfg.tosca_config().threads if cfg.device == "cpu" else 0):  # small ops: see ToscaConfig
+            ev = _evaluate(method, data, t, routed, cfg.per_batch_size)
         t2 = time.perf_counter()
         ebar.close()
         head = getattr(getattr(method, "model", None), "head", None)
