@@ -51,13 +51,16 @@ def heatmap(matrix, x=None, y=None, title: str = "", *, zmin=None, zmax=None, co
 
 def lines(df, x: str, y: str, color: str | None = None, title: str = "", *, range_y=None, log_x: bool = False,
           y_title: str | None = None, x_title: str | None = None, hover_data=None, dash: str | None = None,
-          height: int = 400):
-    """Line plot with markers from tidy data (one line per ``color`` value)."""
+          categorical_x: bool = False, height: int = 400):
+    """Line plot with markers from tidy data (one line per ``color`` value); ``categorical_x``
+    spaces the x values evenly in order of appearance (e.g. L1 coefficients including 0)."""
     import plotly.express as px
 
     fig = px.line(df, x=x, y=y, color=color, line_dash=dash, markers=True, title=title, range_y=range_y,
                   log_x=log_x, hover_data=hover_data)
     fig.update_layout(height=height, yaxis_title=y_title or y, xaxis_title=x_title or x)
+    if categorical_x:
+        fig.update_xaxes(type="category")
     return fig
 
 

@@ -17,12 +17,19 @@ class ToscaPanel(Panel):
     title = "Re-train TOSCA: L1 coefficient, epochs, routing"
 
     def __init__(self, data, *, l1: float = 5e-4, epochs: int = 3, routing: str = "per-sample",
-                 batch_size: int = 48, config=None, seed: int = 0):
+                 batch_size: int = 48, config=None, seed: int = 0, gate_samples: int = 300):
         import ipywidgets as w
+        import torch
 
         from lab.tosca.learner import ToscaConfig
 
         self.data, self.config, self.seed = data, config or ToscaConfig(), seed
+        # gate statistics on at most `gate_samples` training images per task: they describe the
+        # modules as well as all images do, at a fraction of the cost (the panel must feel live)
+        g = torch.Generator().manual_seed(seed)
+        self._gate_idx = torch.cat([idx[torch.randperm(len(idx), generator=g)[:gate_samples]]
+                                    for idx in (torch.nonzero(data.train_task == t).squeeze(1)
+                                                for t in range(data.num_tasks))])
         self._models: dict[tuple[float, int], tuple] = {}
         super().__init__({
             "l1": w.FloatLogSlider(value=l1, base=10, min=-6, max=-1, step=0.25, description="L1",
@@ -46,8 +53,9 @@ class ToscaPanel(Panel):
             for t, classes in enumerate(d.task_classes):
                 m = d.train_task == t
                 model.learn_task(classes, d.train_x[m], d.train_y[m])
-            gates = TA.gate_sparsity(model, d.train_x, d.train_task)
-            ov = TA.overlap(model, d.train_x, d.train_task).pivot(index="task_i", columns="task_j", values="cosine")
+            x, task = d.train_x[self._gate_idx], d.train_task[self._gate_idx]
+            gates = TA.gate_sparsity(model, x, task)
+            ov = TA.overlap(model, x, task).pivot(index="task_i", columns="task_j", values="cosine")
             self._models[key] = (model, model.all_logits(d.test_x).cpu(), gates, ov)
         return self._models[key]
 
