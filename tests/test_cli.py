@@ -38,7 +38,7 @@ def test_features_bad_input_is_a_clear_error(args, msg, capsys):
 
 def test_features_builds_then_hits_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
-    args = ["features", "--backbone", "vit_tiny_patch16_224", "--dataset", "mnist_5k", "--resolution", "32",
+    args = ["features", "--backbone", "vit_tiny_patch16_224", "--dataset", "fashion_mnist_mini", "--resolution", "32",
             "--splits", "test", "--quiet"]
     first = run(*args)
     assert first.returncode == 0, first.stderr

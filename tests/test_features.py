@@ -10,32 +10,32 @@ from lab._io import CorruptFile, load_tensors
 
 @pytest.fixture()
 def tiny(tmp_path, monkeypatch):
-    """The untrained ViT on mnist_5k's test split at 32 px: a fast, real extraction."""
+    """The untrained ViT on fashion_mnist_mini test split at 32 px: a fast, real extraction."""
     monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
     return backbones.load("vit_tiny_patch16_224", resolution=32)
 
 
 def test_extract_then_hit_is_identical_and_fast(tiny):
-    first = features.extract(tiny, "mnist_5k", "test", progress=False)
+    first = features.extract(tiny, "fashion_mnist_mini", "test", progress=False)
     assert not first.cache_hit and first.features.shape == (1000, 192)
     t = time.perf_counter()
-    second = features.extract(tiny, "mnist_5k", "test", progress=False)
+    second = features.extract(tiny, "fashion_mnist_mini", "test", progress=False)
     assert second.cache_hit and time.perf_counter() - t < 1.0
     assert torch.equal(first.features, second.features)
     assert torch.equal(second.labels, torch.as_tensor(second.labels))
 
 
 def test_key_covers_resolution_layer_and_weights(tiny, tmp_path):
-    a = features.extract(tiny, "mnist_5k", "test", progress=False)
-    b = features.extract(backbones.load("vit_tiny_patch16_224", resolution=48), "mnist_5k", "test", progress=False)
-    c = features.extract(tiny, "mnist_5k", "test", layer="block6", progress=False)
+    a = features.extract(tiny, "fashion_mnist_mini", "test", progress=False)
+    b = features.extract(backbones.load("vit_tiny_patch16_224", resolution=48), "fashion_mnist_mini", "test", progress=False)
+    c = features.extract(tiny, "fashion_mnist_mini", "test", layer="block6", progress=False)
     assert len({a.meta["path"], b.meta["path"], c.meta["path"]}) == 3
     assert not b.cache_hit and not c.cache_hit
     assert a.meta["weights"] == tiny.weights_id and a.meta["data"]
 
 
 def test_corrupt_file_is_detected_reported_and_rebuilt(tiny):
-    fs = features.extract(tiny, "mnist_5k", "test", progress=False)
+    fs = features.extract(tiny, "fashion_mnist_mini", "test", progress=False)
     path = fs.meta["path"]
     with open(path, "r+b") as fh:  # flip bytes in the tensor payload
         fh.seek(-64, 2)
@@ -43,21 +43,21 @@ def test_corrupt_file_is_detected_reported_and_rebuilt(tiny):
     with pytest.raises(CorruptFile):
         load_tensors(path)
     with pytest.warns(UserWarning, match="rebuilding"):
-        again = features.extract(tiny, "mnist_5k", "test", progress=False)
+        again = features.extract(tiny, "fashion_mnist_mini", "test", progress=False)
     assert not again.cache_hit and torch.equal(again.features, fs.features)
 
 
 def test_mismatched_key_is_rebuilt(tiny):
     from lab._io import save_tensors
 
-    fs = features.extract(tiny, "mnist_5k", "test", progress=False)
+    fs = features.extract(tiny, "fashion_mnist_mini", "test", progress=False)
     save_tensors(fs.meta["path"], {"features": fs.features}, {"key": json.dumps({"backbone": "other"})})
     with pytest.warns(UserWarning, match="does not match"):
-        assert not features.extract(tiny, "mnist_5k", "test", progress=False).cache_hit
+        assert not features.extract(tiny, "fashion_mnist_mini", "test", progress=False).cache_hit
 
 
 def test_several_layers_in_one_pass(tiny):
-    sets = features.extract_layers(tiny, "mnist_5k", "test", [None, "block1", "norm"], progress=False)
+    sets = features.extract_layers(tiny, "fashion_mnist_mini", "test", [None, "block1", "norm"], progress=False)
     torch.testing.assert_close(sets[None].features, sets["norm"].features)  # CLS after final norm
     assert sets["block1"].features.shape == (1000, 192)
 
@@ -68,12 +68,12 @@ def test_bad_input_fails_before_work(tiny, kw, err):
     args = dict(split="test") | kw
     split = args.pop("split")
     with pytest.raises((ValueError, KeyError), match=err):
-        features.extract(tiny, "mnist_5k", split, progress=False, **args)
+        features.extract(tiny, "fashion_mnist_mini", split, progress=False, **args)
 
 
 def test_scenario_features_follow_scenario_order(tiny):
     from lab import data
 
-    scn = data.scenario(["mnist_5k"], init=0, inc=5)
+    scn = data.scenario(["fashion_mnist_mini"], init=0, inc=5)
     out = features.scenario_features(scn, tiny, progress=False)
     assert out["test_x"].shape == (1000, 192) and torch.equal(out["test_y"], torch.from_numpy(scn.test_labels))
