@@ -35,17 +35,18 @@ class Size:
 
     n_align: int = 4000            # easy-VQA train questions for projector alignment
     align: AlignConfig = AlignConfig()
-    n_easy_eval: int = 150         # easy-VQA test questions (fixed subset)
+    n_easy_eval: int = 100         # easy-VQA test questions (fixed subset)
     n_probe: int = 100             # general-knowledge probe questions (all 100 by default)
     n_train: int = 1000            # downstream train pool per task
-    n_eval: int = 150              # downstream test questions per task (fixed subset)
+    n_eval: int = 100              # downstream test questions per task (fixed subset)
     train: TrainConfig = TrainConfig(steps=24, batch_size=8)
+    rules: tuple[str, ...] = ("weight-norm", "random")   # compared with activation-global
     n_calib: int = 200
     calib_sizes: tuple[int, ...] = (16, 64)
     rhos: tuple[float, ...] = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
     seeds: tuple[int, ...] = (0,)
     continual_steps: int = 16      # training steps per continual stage
-    n_continual_eval: int = 100
+    n_continual_eval: int = 60
     continual_methods: tuple[str, ...] = ("full", "aware")
     exact: bool = False            # greedy exact match on the probe after every run (slower)
     grid: int = 2                  # visual tokens per side
@@ -59,6 +60,7 @@ SIZES = {
     "default": Size(),
     "large": Size(n_align=20000, align=AlignConfig(steps=1200, batch_size=32), n_easy_eval=1000, n_train=4000,
                   n_eval=1000, train=TrainConfig(steps=200, batch_size=16), seeds=(0, 1, 2),
+                  rules=("activation-balanced", "weight-norm", "random"),
                   continual_steps=150, n_continual_eval=500, continual_methods=("full", "lora", "aware"),
                   exact=True),
 }
@@ -78,7 +80,7 @@ def variants(size: Size) -> list[Variant]:
     """The sweep, main AWARe first after the baselines (it is shared by every ablation group)."""
     out = [Variant("methods", m, MethodSpec(m, MAIN)) for m in ("zero-shot", "full", "lora", "dora")]
     out.append(Variant("methods", "aware", MethodSpec("aware", MAIN)))
-    for rule in ("activation-balanced", "weight-norm", "random"):
+    for rule in size.rules:
         out.append(Variant("rule", rule, MethodSpec("aware", replace(MAIN, rule=rule))))
     for rho in size.rhos:
         if rho != MAIN.rho:
@@ -134,7 +136,7 @@ def run_variant(ctx: Context, v: Variant, task: str, seed: int, progress: bool, 
     log = train(model, groups, ctx.down[task].train, ctx.enc, cfg, progress=progress, desc=f"{v.group}/{v.label}")
     train_s = time.perf_counter() - t0
     model = finish(model)
-    up = upstream(model, ctx)
+    up = dict(ctx.before) if spec.method == "zero-shot" and ctx.before else upstream(model, ctx)
     down = evaluate(model, ctx.down[task].test, ctx.enc, batch_size=ctx.size.eval_batch)["acc"]
     skills = [k for k in ("easy_vqa", "probe") if k in up]
     row = {"group": v.group, "variant": v.label, "method": spec.method, "seed": seed, "task": task,

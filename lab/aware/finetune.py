@@ -36,14 +36,15 @@ METHODS = ("zero-shot", "full", "lora", "dora", "aware")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation recipe. Defaults: the reference's ratios (projector lr = 10x LLM lr, weight
-    decay 0, 3% warm-up then cosine), scaled to a few dozen steps on a 135M model."""
+    """Optimisation recipe: the reference's (LLM lr 2e-5, weight decay 0, 3% warm-up then cosine)
+    with a faster projector so a few dozen steps learn a new visual task (measured on the
+    mini-LLaVA, 32 steps of Fashion: LLM lr 1e-4 collapsed to chance, 2e-5 reached 53 %)."""
 
-    steps: int = 48
+    steps: int = 24
     batch_size: int = 8
-    lr: float = 1e-4             # language-model weights (full, AWARe)
-    lr_projector: float = 1e-3   # mm_projector (full, AWARe, projector alignment)
-    lr_adapter: float = 1e-3     # LoRA / DoRA matrices (LLaVA's LoRA recipe: 10x the full-FT lr)
+    lr: float = 2e-5             # language-model weights (full, AWARe), as the reference
+    lr_projector: float = 1e-3   # mm_projector (full, AWARe); the projector-alignment lr
+    lr_adapter: float = 3e-4     # LoRA / DoRA matrices (1e-3 destroyed upstream skills in 24 steps)
     weight_decay: float = 0.0
     warmup: float = 0.03
     max_grad_norm: float = 1.0

@@ -733,3 +733,81 @@ def findings(results) -> dict:
         out["best_rho"] = float(best.variant.replace("rho=", ""))
         out["best_rho_H"] = float(best.H)
     return out
+
+
+def run_sweep(ctx, *, groups=None, seeds=None, task: str = "fashion", run_dir=None, progress: bool = True) -> dict:
+    """:func:`lab.aware.ablate.sweep` on ``ctx``, returned in the shape of :func:`load_run` (the
+    tables, ``config`` and ``run_dir``), so a fresh sweep and a saved one are shown the same way."""
+    from lab.aware import ablate
+
+    out = ablate.sweep(ctx, groups=tuple(groups) if groups else None, seeds=tuple(seeds) if seeds else None,
+                       task=task, run_dir=run_dir, progress=progress)
+    return {**load_run(out["run_dir"]), "timings": out["timings"]}
+
+
+def noise_table(run: dict):
+    """How precise the run's accuracies are: per evaluation set, its size, the accuracy before
+    fine-tuning, its binomial standard error, and what one standard error means in R points."""
+    import pandas as pd
+
+    size = run["config"]["size"]
+    before = run["upstream_before"].set_index("skill") if len(run["upstream_before"]) else pd.DataFrame()
+    rows = []
+    for skill, n in (("easy_vqa", size["n_easy_eval"]), ("probe", min(size["n_probe"], 100))):
+        if skill in before.index:
+            p, n = float(before.loc[skill, "acc"]), int(before.loc[skill, "n"])
+            se = math.sqrt(max(p * (1 - p), 1e-12) / n)
+            rows.append({"set": f"upstream: {skill}", "questions": n, "acc_before": p, "std_error": se,
+                         "one_question_pts": 100 / n, "R_points_per_SE": 100 * se / p if p > 0 else np.nan})
+    res = run["results"]
+    full = res[(res.group == "methods") & (res.variant == "full")]
+    if len(full):
+        p, n = float(full.downstream.mean()), int(size["n_eval"])
+        se = math.sqrt(max(p * (1 - p), 1e-12) / n)
+        rows.append({"set": f"downstream: {run['config'].get('task', '')} (full FT)", "questions": n, "acc_before": np.nan,
+                     "std_error": se, "one_question_pts": 100 / n, "R_points_per_SE": np.nan,
+                     "E_points_per_SE": 100 * se / p if p > 0 else np.nan})
+    return pd.DataFrame(rows)
+
+
+def describe_ablation(run: dict) -> str:
+    """Notebook 04's findings as Markdown bullets, computed from a run (sweep or saved)."""
+    res = run["results"]
+    f = findings(res)
+    seeds = res.seed.nunique()
+    g = lambda k: f.get(k, float("nan"))  # noqa: E731
+    lines = [f"- **Methods** ({seeds} seed{'s' if seeds > 1 else ''}, task `{run['config'].get('task', '?')}`): "
+             + "; ".join(f"{m} R {g(m + '_R'):.1f} / E {g(m + '_E'):.1f} / H {g(m + '_H'):.1f}"
+                         for m in ("aware", "full", "lora", "dora") if not math.isnan(g(m + "_H"))) + "."]
+    if not math.isnan(g("full_R")):
+        verdict = "forgets" if g("full_R") < 97 else "barely forgets"
+        lines.append(f"- **Does full fine-tuning forget here?** R = {g('full_R'):.1f}: it {verdict} at this size "
+                     "(every other comparison is only as informative as this gap).")
+    rules = {k.split("_")[1]: v for k, v in f.items() if k.startswith("rule_") and not math.isnan(v)}
+    if len(rules) > 1:
+        best = max(rules, key=rules.get)
+        lines.append("- **Selection rule (H):** " + ", ".join(f"{k} {v:.1f}" for k, v in rules.items())
+                     + f" — highest: {best}.")
+    if "best_rho" in f:
+        lines.append(f"- **rho sweep:** the highest H ({g('best_rho_H'):.1f}) is at rho = {g('best_rho'):g} "
+                     "(the paper finds 0.3 on LLaVA-7B).")
+    for group in ("targets", "calibration", "calib_size"):
+        s = summary(res, group)
+        if len(s) > 1:
+            lines.append(f"- **{group}:** " + ", ".join(f"{r.variant} R {r.R:.1f} / E {r.E:.1f}" for r in s.itertuples()) + ".")
+    cs = run.get("continual_summary")
+    if cs is not None and len(cs):
+        c = cs.groupby("method", sort=False)[["avg", "last", "bwt", "R_after_sequence"]].mean()
+        lines.append("- **Continual sequence:** " + "; ".join(
+            f"{m} Avg {r.avg:.3f}, Last {r.last:.3f}, BWT {r.bwt:+.3f}, R after {r.R_after_sequence:.1f}"
+            for m, r in c.iterrows()) + ".")
+    return "\n".join(lines)
+
+
+def run_info(run: dict) -> str:
+    """One line: where the run lives, how many fine-tuning runs it holds, and its timings."""
+    res = run["results"]
+    own = ~res["shared"].fillna(False).astype(bool) if "shared" in res else np.ones(len(res), bool)
+    times = run["config"].get("timings", {})
+    return (f"run folder: {run['run_dir']}; {int(own.sum())} runs ({res.seed.nunique()} seed(s)); timings: "
+            + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in times.items() if k.endswith("_s")))
