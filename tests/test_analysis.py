@@ -178,6 +178,7 @@ def tiny():
     return backbones.load("vit_tiny_patch16_224", resolution=32)
 
 
+@pytest.mark.slow
 def test_stage_features_and_finetune_leave_the_original_bit_identical(tiny):
     imgs = np.random.RandomState(0).randint(0, 255, (12, 28, 28), dtype=np.uint8)
     before = A.state_hash(tiny.model)
