@@ -2,7 +2,8 @@
 
 ``new_run_dir`` creates ``<root>/<kind>/<UTC timestamp>-<name>-<pid>-<random>`` with
 ``mkdir(exist_ok=False)``, so two runs started in the same second (or in two processes) can never
-write into the same place. ``root`` defaults to ``$LAB_RUNS_DIR`` or ``./runs``.
+write into the same place. ``root`` defaults to ``$LAB_RUNS_DIR``, else ``runs/`` at the top of the
+project checkout the current folder is in (notebooks run from ``notebooks/``), else ``./runs``.
 """
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from pathlib import Path
 
 
 def runs_root(root: str | os.PathLike | None = None) -> Path:
-    return Path(root or os.environ.get("LAB_RUNS_DIR") or Path.cwd() / "runs")
+    if root or os.environ.get("LAB_RUNS_DIR"):
+        return Path(root or os.environ["LAB_RUNS_DIR"])
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "pyproject.toml").exists() and (folder / "lab" / "__init__.py").exists():
+            return folder / "runs"
+    return here / "runs"
 
 
 def new_run_dir(kind: str, name: str, root: str | os.PathLike | None = None) -> Path:
