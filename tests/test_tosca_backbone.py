@@ -17,7 +17,7 @@ def tiny():
     torch.manual_seed(0)
     bb = backbones.load("vit_tiny_patch16_224", resolution=32)
     rng = np.random.default_rng(0)
-    n_tr, n_te, C = 24, 8, 4  # per split: C classes, 2 tasks of 2
+    n_tr, n_te, C = 12, 6, 4  # per class and split: C classes, 2 tasks of 2
     imgs = {s: rng.integers(0, 256, size=(n * C, 28, 28), dtype=np.uint8) for s, n in (("train", n_tr), ("test", n_te))}
     ys = {s: torch.arange(C).repeat_interleave(n) for s, n in (("train", n_tr), ("test", n_te))}
     for s in imgs:  # make classes visible: a class-dependent bright stripe
@@ -44,7 +44,7 @@ def _assert_identical(model, snap):
 def test_augment_mode_leaves_the_backbone_bit_identical(tiny, tmp_path):
     bb, data = tiny
     snap = _snapshot(bb.model)
-    res = run(RunConfig(backbone=bb.name, mode="augment", epochs=2, batch_size=16), data=data, runs_root=tmp_path,
+    res = run(RunConfig(backbone=bb.name, mode="augment", epochs=1, batch_size=16), data=data, runs_root=tmp_path,
               progress=False)
     _assert_identical(bb.model, snap)
     assert res.info["num_tasks"] == 2 and res.info["config"]["mode"] == "augment"
