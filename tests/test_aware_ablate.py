@@ -72,6 +72,12 @@ def test_sweep_writes_tidy_tables_tensors_and_config(ctx, tmp_path):
     t, meta = load_tensors(tmp_path / "saliency_upstream_8.safetensors")
     assert t["matrix"].shape[0] == len(json.loads(meta["layers"]))
     assert len(ablate.summary(res)) >= 10
+    from lab.aware.results import load_run
+
+    back = load_run(tmp_path)
+    assert len(back["results"]) == len(res) and "upstream_8" in back["saliency"]
+    mat, names = back["saliency"]["upstream_8"]
+    assert mat.shape[0] == len(names) and any(k.startswith("methods_aware") for k in back["masks"])
 
 
 def test_cli_help_and_early_errors(capsys):

@@ -22,8 +22,6 @@ def smol(tmp_path_factory):
 
 
 def test_smollm2_is_a_standard_llama(smol, tmp_path):
-    from transformers import AutoModelForCausalLM
-
     tok, lm = smol
     assert type(lm).__name__ == "LlamaForCausalLM" and lm.config.num_hidden_layers == 30
     assert getattr(lm, "hf_quantizer", None) is None          # GGUF marker dropped: saveable

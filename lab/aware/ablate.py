@@ -115,13 +115,11 @@ class Context:
 
 
 def upstream(model, ctx: Context, *, exact: bool | None = None) -> dict:
-    exact = ctx.size.exact if exact is None else exact
-    e = evaluate(model, ctx.easy.test, ctx.enc, batch_size=ctx.size.eval_batch)
-    p = evaluate(model, ctx.probe.test, ctx.enc, batch_size=ctx.size.eval_batch, exact=exact)
-    out = {"easy_vqa": e["acc"], "probe": p["acc"]}
-    if exact:
-        out["probe_em"] = p["em"]
-    return out
+    """Upstream skills of ``model`` on the sweep's fixed evaluation questions."""
+    from lab.aware.upstream import upstream_skills
+
+    return upstream_skills(model, ctx.enc, ctx.easy, ctx.probe, batch_size=ctx.size.eval_batch,
+                           exact=ctx.size.exact if exact is None else exact)
 
 
 def run_variant(ctx: Context, v: Variant, task: str, seed: int, progress: bool, *,

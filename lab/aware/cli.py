@@ -1,8 +1,6 @@
 """``lab aware profile | finetune | ablate`` (registered into ``lab``'s CLI; imports are lazy)."""
 from __future__ import annotations
 
-import argparse
-
 _GROUPS = ("methods", "rule", "rho", "targets", "calibration", "calib_size", "continual")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
@@ -190,7 +190,7 @@ def train(model: nn.Module, groups: list[dict], qa: QASet, enc: ChatEncoder, cfg
         losses.append(float(loss.detach()))
         times.append(time.perf_counter() - t0)
     model.eval()
-    return {"losses": losses, "step_seconds": times, "optimizer": opt}
+    return {"losses": losses, "step_seconds": times}
 
 
 def evaluate(model: nn.Module, qa: QASet, enc: ChatEncoder, *, batch_size: int = 32,
@@ -214,6 +214,3 @@ def evaluate(model: nn.Module, qa: QASet, enc: ChatEncoder, *, batch_size: int =
         out["em"] = hits / max(len(qa), 1)
     return out
 
-
-def config_dict(cfg: TrainConfig) -> dict:
-    return asdict(cfg)
