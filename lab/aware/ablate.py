@@ -179,15 +179,18 @@ def _save_masks(run_dir: Path, label: str, masks: dict) -> None:
                  {n: m.to(torch.uint8) for n, m in masks.items()}, {"layers": json.dumps(list(masks))})
 
 
-def setup(size: Size, *, progress: bool = True, cache_dir=None) -> Context:
-    """Build (or load from cache) the aligned mini-LLaVA, the tasks and the calibration sets."""
+def setup(size: Size, *, progress: bool = True, cache_dir=None, device: str | None = None) -> Context:
+    """Build (or load from cache) the aligned mini-LLaVA, the tasks and the calibration sets.
+    ``device``: where the model runs (default: CUDA when available, else CPU)."""
     from lab.aware import tasks
     from lab.aware.upstream import build_base
 
     t0 = time.perf_counter()
     kw = dict(grid=size.grid, cache_dir=cache_dir, progress=progress)
     easy = tasks.easy_vqa(n_train=size.n_align, n_test=size.n_easy_eval, **kw)
-    base, enc, info = build_base(easy, size.align, grid=size.grid, cache_dir=cache_dir, progress=progress)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    base, enc, info = build_base(easy, size.align, grid=size.grid, cache_dir=cache_dir, progress=progress,
+                                 device=device)
     down = {t: tasks.downstream(t, n_train=size.n_train, n_test=size.n_eval, **kw) for t in tasks.DOWNSTREAM}
     probe = tasks.probe()
     probe.test = probe.test.subset(range(min(size.n_probe, len(probe.test))))
@@ -314,8 +317,8 @@ def summary(results, by: tuple[str, ...] = ("group", "variant")):
 
 
 def run(size: str | Size = "default", *, seeds=None, groups=None, task: str = "fashion", run_dir=None,
-        cache_dir=None, progress: bool = True) -> dict:
+        cache_dir=None, device: str | None = None, progress: bool = True) -> dict:
     """Set up and sweep: the whole ablation of the offline default in one call."""
     size = SIZES[size] if isinstance(size, str) else size
-    ctx = setup(size, progress=progress, cache_dir=cache_dir)
+    ctx = setup(size, progress=progress, cache_dir=cache_dir, device=device)
     return sweep(ctx, seeds=seeds, groups=groups, task=task, run_dir=run_dir, progress=progress)

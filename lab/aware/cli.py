@@ -15,6 +15,7 @@ def register(subparsers) -> None:
                        help="data/steps preset (smoke: seconds-scale check; default: ~15 min sweep on 2 CPU cores)")
         q.add_argument("--cache-dir", default=None, help="cache root (default $LAB_CACHE_DIR or ~/.cache/continual-lab)")
         q.add_argument("--quiet", action="store_true", help="no progress bars")
+        q.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
     q = sub.add_parser("profile", help="saliency of every target neuron on a calibration set (safetensors)")
     common(q)
@@ -63,7 +64,7 @@ def _ctx(args):
     from lab.aware.ablate import SIZES, setup
 
     _threads()
-    return setup(SIZES[args.size], progress=not args.quiet, cache_dir=args.cache_dir)
+    return setup(SIZES[args.size], progress=not args.quiet, cache_dir=args.cache_dir, device=args.device)
 
 
 def cmd_profile(args) -> int:
@@ -81,7 +82,7 @@ def cmd_profile(args) -> int:
 
     size = replace(SIZES[args.size], n_calib=args.n, calib_sizes=())
     _threads()
-    ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir)
+    ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device)
     qa = ctx.calib[(args.calib, args.n)] if (args.calib, args.n) in ctx.calib else \
         tasks.calibration(args.calib, args.n, upstream=ctx.easy)
     sal = profile(ctx.base, calibration_batches(qa, ctx.enc), targets=args.targets, progress=not args.quiet)

@@ -140,7 +140,7 @@ class MiniLlava(nn.Module):
         emb = self.language_model.get_input_embeddings()(input_ids)          # (B, L, H)
         if images is None:
             return emb
-        vis = self.mm_projector(images.to(emb.dtype))                       # (N_img, n, H)
+        vis = self.mm_projector(images.to(emb.device, emb.dtype))           # (N_img, n, H)
         if image_mask is None or int(image_mask.sum()) != vis.shape[0] * vis.shape[1]:
             raise ValueError("image_mask must mark exactly n_images * n_tokens positions")
         return emb.masked_scatter(image_mask[..., None], vis.reshape(-1, vis.shape[-1]))

@@ -70,7 +70,10 @@ def _non_empty(batches: Iterable) -> Iterable:
 
 
 def _default_forward(model: nn.Module, batch: Any) -> Any:
-    return model(**batch) if isinstance(batch, Mapping) else model(batch)
+    dev = next(model.parameters()).device
+    if isinstance(batch, Mapping):
+        return model(**{k: v.to(dev) if isinstance(v, Tensor) else v for k, v in batch.items()})
+    return model(batch.to(dev) if isinstance(batch, Tensor) else batch)
 
 
 def profile(model: nn.Module, batches: Iterable[Mapping[str, Any]],
@@ -97,6 +100,8 @@ def profile(model: nn.Module, batches: Iterable[Mapping[str, Any]],
     def make_hook(name: str):
         def hook(_module, _inputs, output):
             mask = state["mask"]
+            if mask is not None:
+                mask = mask.to(output.device)
             if mask is not None and (output.dim() < 3 or tuple(output.shape[:2]) != tuple(mask.shape)):
                 mask = None
             s = sample_saliency(output.detach(), mask)               # (B, d_out)

@@ -57,7 +57,7 @@ def align_projector(model: MiniLlava, task: Task, enc: ChatEncoder, align: Align
 
 
 def build_base(task: Task, align: AlignConfig = AlignConfig(), *, llm: str = SMOLLM2, grid: int = 2,
-               cache_dir=None, progress: bool = True, language_model=None):
+               cache_dir=None, progress: bool = True, language_model=None, device: str = "cpu"):
     """Return ``(model, encoder, info)``: the aligned mini-LLaVA, loaded from cache when possible.
 
     ``language_model=(tokenizer, causal_lm)`` skips loading (tests pass a tiny one; such runs are
@@ -70,13 +70,13 @@ def build_base(task: Task, align: AlignConfig = AlignConfig(), *, llm: str = SMO
     lm.eval()
     n_tokens, vision_dim = task.train.tokens.shape[1:]
     torch.manual_seed(align.seed)
-    model = MiniLlava(lm, int(vision_dim), meta={"llm": llm, "grid": grid, "align": asdict(align)}).eval()
+    model = MiniLlava(lm, int(vision_dim), meta={"llm": llm, "grid": grid, "align": asdict(align)}).to(device).eval()
     enc = ChatEncoder(tok, int(n_tokens))
     path = cache_root(cache_dir) / "projectors" / f"{_key(align, llm, task, grid)}.safetensors"
     info = {"cache": str(path), "cache_hit": False, "seconds": 0.0}
     if not tiny and path.exists():
         try:
-            model.mm_projector.load_state_dict(load_tensors(path)[0])
+            model.mm_projector.load_state_dict({k: v.to(device) for k, v in load_tensors(path)[0].items()})
             info["cache_hit"] = True
             return model, enc, info
         except CorruptFile:
