@@ -1,15 +1,19 @@
 """Instruments for the ventral-stream notebook (issue 5, notebook 01) and the routing study of
 notebook 02: what a representation is like along a backbone's depth, and what adapting it changes.
 
-* :func:`linear_cka`, :func:`cka_matrix`, :func:`cka_by_stage` — linear CKA (Kornblith et al., ICML 2019) between two
-  sets of features of the same images; 1 = the same geometry up to rotation and scale.
-* :func:`augment`, :func:`stage_features`, :func:`invariance` — how close a stage's feature of an
-  image stays to the feature of its augmented twin, relative to a random other image.
+* :func:`linear_cka`, :func:`cka_matrix`, :func:`cka_by_stage` — linear CKA (Kornblith et al.,
+  ICML 2019) between two sets of features of the same images; 1 = the same geometry up to
+  rotation and scale.
+* :func:`stage_features`, :func:`stage_shapes` — pooled output of every stage, in memory.
+* :func:`augment`, :func:`invariance` — how close a stage's feature of an image stays to the
+  feature of its augmented twin (geometric or photometric), relative to a random other image.
 * :func:`probe_stages` — linear and nearest-prototype decodability of every stage.
 * :func:`state_hash`, :func:`parameter_drift` — did a module change at all, and where.
 * :func:`finetune_backbone` — full fine-tuning of a copy of a frozen backbone on one task (the
   foil to TOSCA); :func:`imagenet_top1`, :func:`photos` — what the original ImageNet head says.
-* :func:`route_in_order` — TOSCA's per-batch entropy routing over an arbitrary test order.
+* :func:`route_in_order`, :func:`routing_by_order` — TOSCA's per-batch entropy routing over any
+  test order and batch size (the reference's protocol, and what shuffling does to it).
+* :func:`balanced_indices`, :func:`relabel` — class-balanced subsets, labels of one task.
 
 Pure functions on tensors, tested on hand-made inputs in ``tests/test_analysis.py``.
 """

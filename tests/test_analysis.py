@@ -73,6 +73,31 @@ def test_augment_identity_settings_leave_images_unchanged_and_seed_is_reproducib
     assert a.shape == x.shape and torch.equal(a, b) and not torch.allclose(a, x)
 
 
+def test_augment_kinds_split_geometry_from_photometry():
+    x = torch.rand(3, 3, 16, 16)
+    geo = A.augment(x, torch.Generator().manual_seed(2), kind="geometric")
+    pho = A.augment(x, torch.Generator().manual_seed(2), kind="photometric")
+    both = A.augment(x, torch.Generator().manual_seed(2))
+    assert not torch.allclose(geo, x) and not torch.allclose(pho, x)
+    # photometric = per-image x * c + b; 'all' applies the same c, b after the same geometry
+    xc, pc = x - x.mean((1, 2, 3), keepdim=True), pho - pho.mean((1, 2, 3), keepdim=True)
+    c = (xc * pc).sum((1, 2, 3), keepdim=True) / xc.pow(2).sum((1, 2, 3), keepdim=True)
+    b = pho.mean((1, 2, 3), keepdim=True) - c * x.mean((1, 2, 3), keepdim=True)
+    assert torch.allclose(pho, c * x + b, atol=1e-5)
+    assert torch.allclose(both, c * geo + b, atol=1e-5)
+    with pytest.raises(ValueError, match="kind"):
+        A.augment(x, torch.Generator(), kind="colour")
+
+
+def test_balanced_indices_and_relabel():
+    labels = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 0])
+    idx = A.balanced_indices(labels, 2, seed=0)
+    assert list(np.bincount(labels[idx])) == [2, 2, 2] and list(idx) == sorted(idx)
+    sub = A.balanced_indices(labels, 10, classes=[2, 0])
+    assert set(labels[sub]) == {0, 2} and len(sub) == 7
+    assert A.relabel([2, 0, 1, 2], [2, 0]).tolist() == [0, 1, -1, 0]
+
+
 def test_invariance_is_one_for_identical_twins_and_near_zero_for_unrelated():
     clean = {"s1": _rand(200, 6), "s2": _rand(200, 3, seed=1)}
     same = A.invariance(clean, {k: v.clone() for k, v in clean.items()})
