@@ -7,7 +7,8 @@ Definitions (ours, stated because the paper gives none):
   zero, which drives the gate to the neutral 0.5 — so "closed" means gate < ``closed`` (default .1)
   and a dimension's *use* by a task is how far its mean gate on that task's data departs from 0.5.
 * active dimensions of a task: the ``top`` fraction (default 10%) of dimensions with the largest
-  |mean gate - 0.5| on the task's own data.
+  |mean gate - 0.5| on the task's own data (dimensions at exactly the neutral 0.5 are never active:
+  a strong L1 can leave a task with none, and then its Jaccard overlaps are NaN).
 * overlap of tasks i, j: cosine of their centred mean-gate vectors (mean gate - 0.5) and Jaccard of
   their active-dimension sets.
 * weight sparsity: fraction of weights with |w| < ``threshold`` (default 1e-3) and the L1 mass Σ|w|.
@@ -75,7 +76,11 @@ def active_dims(model: Tosca, x, task_of_sample, *, top: float = 0.1) -> list[np
         raise ValueError(f"top must be in (0, 1] (got {top})")
     dev = (mean_gates(model, x, task_of_sample) - 0.5).abs()
     k = max(1, int(round(top * dev.shape[1])))
-    return [np.sort(dev[t].topk(k).indices.numpy()) for t in range(dev.shape[0])]
+    out = []
+    for t in range(dev.shape[0]):  # a dimension whose gate sits at the neutral 0.5 is not used (ties!)
+        idx = dev[t].topk(k).indices
+        out.append(np.sort(idx[dev[t, idx] > 1e-6].numpy()))
+    return out
 
 
 def overlap(model: Tosca, x, task_of_sample, *, top: float = 0.1):
@@ -88,7 +93,8 @@ def overlap(model: Tosca, x, task_of_sample, *, top: float = 0.1):
     for i in range(len(act)):
         for j in range(len(act)):
             rows.append({"task_i": i, "task_j": j, "cosine": float(cos[i, j]),
-                         "jaccard": len(act[i] & act[j]) / len(act[i] | act[j]), "top": top})
+                         "jaccard": len(act[i] & act[j]) / len(act[i] | act[j]) if act[i] | act[j] else float("nan"),
+                         "top": top})
     return _frame(rows)
 
 
