@@ -70,8 +70,8 @@ class Backbone:
         if x.shape[-2:] != (self.resolution, self.resolution):
             x = F.interpolate(x, size=(self.resolution, self.resolution), mode="bilinear",
                               align_corners=False, antialias=x.shape[-1] > self.resolution)
-        mean = torch.tensor(self.mean, dtype=x.dtype).view(1, 3, 1, 1)
-        std = torch.tensor(self.std, dtype=x.dtype).view(1, 3, 1, 1)
+        mean = torch.tensor(self.mean, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
         return ((x - mean) / std).contiguous(memory_format=torch.channels_last)
 
     # --- the contract ----------------------------------------------------------------------

@@ -17,9 +17,9 @@ from lab.data.datasets import (
     list_datasets,
     load_dataset,
 )
-from lab.data.scenarios import Scenario, Task, scenario
+from lab.data.scenarios import Scenario, Task, scenario, validate_split
 
 __all__ = [
     "DEFAULT_DATASET", "DatasetUnavailable", "ImageDataset", "Split", "Scenario", "Task",
-    "dataset_info", "is_available", "list_datasets", "load_dataset", "scenario",
+    "dataset_info", "is_available", "list_datasets", "load_dataset", "scenario", "validate_split",
 ]

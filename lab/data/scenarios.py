@@ -29,6 +29,11 @@ class Task:
         return len(self.classes)
 
 
+def validate_split(num_classes: int, init: int, inc: int) -> None:
+    """Reject a ``B{init} Inc{inc}`` split that does not fit ``num_classes`` (before any work)."""
+    _validate(num_classes, init, inc)
+
+
 def _validate(num_classes: int, init: int, inc: int) -> None:
     if not isinstance(init, (int, np.integer)) or not isinstance(inc, (int, np.integer)):
         raise TypeError(f"init and inc must be integers, got init={init!r}, inc={inc!r}")

@@ -121,7 +121,7 @@ def _validate_inputs(cfg: RunConfig, needs_images: bool) -> None:
     for d in cfg.datasets:
         data.dataset_info(d)
     total = sum(data.dataset_info(d)["classes"] for d in cfg.datasets)
-    from lab.data.scenarios import _validate as validate_split
+    from lab.data import validate_split
 
     validate_split(total, cfg.init, cfg.inc)
     ok, where = backbones.weights_available(cfg.backbone)
