@@ -4,8 +4,10 @@ Methods differ only in :func:`prepare` (which parameters train, at which learnin
 
 - ``zero-shot``: nothing trains.
 - ``full``: the whole language model and the projector.
-- ``lora`` / ``dora``: peft adapters (``LoraConfig(use_dora=...)``) on the *same* target Linears
-  as AWARe; the rank is matched to AWARe's trainable count (see :func:`matched_lora_rank`).
+- ``lora`` / ``dora``: peft adapters (``LoraConfig(use_dora=...)``) on the *same* language-model
+  target Linears as AWARe (q/k/v); as in LLaVA-1.5's LoRA recipe the projector, when it is a target,
+  trains fully at the projector lr. The rank makes the trainable count match AWARe's
+  (:func:`matched_lora_rank`).
 - ``aware``: profile -> select -> row split (:mod:`lab.aware.freeze`).
 
 :func:`train` is the same short loop for all of them (AdamW, warm-up + cosine, grad clipping, loss
@@ -84,14 +86,24 @@ def _groups(model: nn.Module, lr: float, lr_projector: float) -> list[dict]:
     return [g for g in ({"params": rest, "lr": lr}, {"params": proj, "lr": lr_projector}) if g["params"]]
 
 
-def matched_lora_rank(model: nn.Module, aware: AwareConfig) -> int:
-    """LoRA rank whose parameter count ``r * sum(d_in + d_out)`` over AWARe's targets equals
-    AWARe's trainable count ``(1 - rho) * sum(d_out * d_in + bias)`` (rounded, at least 1)."""
+def _split_targets(model: nn.Module, aware: AwareConfig) -> tuple[dict, dict]:
     layers = find_targets(model, aware.targets, exclude=aware.exclude)
-    aware_count = (1 - aware.rho) * sum(m.weight.numel() + (m.out_features if m.bias is not None else 0)
-                                        for m in layers.values())
-    per_rank = sum(m.in_features + m.out_features for m in layers.values())
-    return max(1, round(aware_count / per_rank))
+    proj = {n: m for n, m in layers.items() if _is_projector(n)}
+    return {n: m for n, m in layers.items() if n not in proj}, proj
+
+
+def matched_lora_rank(model: nn.Module, aware: AwareConfig) -> int:
+    """LoRA rank r such that LoRA's trainable count — ``r * sum(d_in + d_out)`` over the language-model
+    targets, plus the whole projector when it is a target — equals AWARe's, ``(1 - rho)`` of all
+    target rows (weights and biases). Rounded, at least 1."""
+    lm_layers, proj_layers = _split_targets(model, aware)
+    if not lm_layers:
+        raise ValueError("LoRA needs at least one language-model target (e.g. q_proj)")
+    size = lambda m: m.weight.numel() + (m.out_features if m.bias is not None else 0)  # noqa: E731
+    aware_count = (1 - aware.rho) * sum(size(m) for m in {**lm_layers, **proj_layers}.values())
+    proj_count = sum(size(m) for m in proj_layers.values())
+    per_rank = sum(m.in_features + m.out_features for m in lm_layers.values())
+    return max(1, round((aware_count - proj_count) / per_rank))
 
 
 def prepare(model: nn.Module, spec: MethodSpec, cfg: TrainConfig, *,
@@ -123,11 +135,14 @@ def prepare(model: nn.Module, spec: MethodSpec, cfg: TrainConfig, *,
         from peft import LoraConfig, get_peft_model
 
         rank = spec.lora_rank or matched_lora_rank(model, spec.aware)
-        names = list(find_targets(model, spec.aware.targets, exclude=spec.aware.exclude))
+        lm_layers, proj_layers = _split_targets(model, spec.aware)
         model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
-                                                 target_modules=names, use_dora=spec.method == "dora"))
+                                                 target_modules=list(lm_layers), use_dora=spec.method == "dora"))
+        for name in proj_layers:   # LLaVA's LoRA recipe: the projector itself trains fully
+            for p in model.get_submodule("base_model.model." + name).parameters():
+                p.requires_grad_(True)
         info["lora_rank"] = rank
-        groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.lr_adapter}]
+        groups = _groups(model, cfg.lr_adapter, cfg.lr_projector)
     else:  # zero-shot
         groups = []
     info["trainable"], info["total"] = trainable_parameters(model)

@@ -67,7 +67,7 @@ def setup(size, *, tiny: bool = False, downstream: bool = True, cache_dir=None, 
         from lab.aware.tiny import tiny_llama, tiny_tokenizer
 
         sets = [easy.train, easy.test, probe.test, proxy] + [s for d in down.values() for s in (d.train, d.test)]
-        tok = tiny_tokenizer(w for qa in sets for w in [*qa.questions, *qa.answers, *(o for os in qa.options for o in os)])
+        tok = tiny_tokenizer(w for qa in sets for w in [*qa.questions, *qa.answers, *(o for opts in qa.options for o in opts)])
         lm = (tok, tiny_llama(len(tok)))
     base, enc, info = build_base(easy, size.align, grid=size.grid, cache_dir=cache_dir, progress=progress,
                                  language_model=lm)
@@ -108,7 +108,7 @@ def profile_nested(ctx, sizes, kind: str = "upstream", *, targets: str = "qkv+pr
 
     full = max((k for k in ctx.calib if k[0] == kind), key=lambda k: k[1])
     qa = ctx.calib[full]
-    bounds = sorted({min(int(n), len(qa)) for n in sizes} | {len(qa)})
+    bounds = sorted({min(int(n), len(qa)) for n in sizes if int(n) >= 1} | {len(qa)})
     sums: dict[str, Tensor] = {}
     counts: dict[str, int] = {}
     seconds, start, out = 0.0, 0, {}
@@ -122,10 +122,9 @@ def profile_nested(ctx, sizes, kind: str = "upstream", *, targets: str = "qkv+pr
                 counts[n] = counts.get(n, 0) + c
             seconds += s.seconds
             start = end
-        if end in {min(int(n), len(qa)) for n in sizes} or end == len(qa):
-            key = full if end == len(qa) else (kind, end)
-            out[key] = Saliency({n: (sums[n] / max(counts[n], 1)).float() for n in sums}, end, seconds,
-                                meta={"counts": dict(counts), "nested_in": label(full)})
+        key = full if end == len(qa) else (kind, end)     # every bound is a requested size or the whole set
+        out[key] = Saliency({n: (sums[n] / max(counts[n], 1)).float() for n in sums}, end, seconds,
+                            meta={"counts": dict(counts), "nested_in": label(full)})
     return dict(sorted(out.items(), key=lambda kv: -kv[0][1]))
 
 
@@ -589,9 +588,16 @@ def layer_profile(scores: Mapping[str, Tensor], name: str, frozen: Tensor | None
 # --- ablation results (notebook 04) ----------------------------------------------------------------
 def load_run(run_dir) -> dict:
     """Tables (``results``, ``continual``, ``continual_summary``, ``overlap``, ``upstream_before``) and
-    ``config`` of a saved ``lab aware ablate`` run directory."""
+    ``config`` of a saved ``lab aware ablate`` run directory (``'latest'``: the newest one)."""
     import pandas as pd
 
+    if str(run_dir) == "latest":   # the newest finished `lab aware ablate` run under the runs root
+        from lab.runs import runs_root
+
+        found = sorted(p.parent for p in (runs_root() / "aware").glob("*-ablate-*/config.json"))
+        if not found:
+            raise FileNotFoundError(f"no finished `lab aware ablate` run under {runs_root() / 'aware'}")
+        run_dir = found[-1]
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").exists():
         raise FileNotFoundError(f"{run_dir} is not an AWARe ablation run (no config.json); "
