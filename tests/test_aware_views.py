@@ -126,6 +126,19 @@ def test_study_reselects_like_the_library_including_weight_norm():
     assert set(st.select("p", 0.3, targets="qkv")) == set(st.layers("qkv"))
 
 
+def test_why_global_explains_which_targets_the_global_rule_freezes():
+    d = 64
+    flat_narrow = torch.ones(16) / 4.0                     # every neuron at the equal share 1/sqrt(16)
+    heavy_wide = torch.full((d,), 0.02)
+    heavy_wide[:2] = 0.7                                   # two huge neurons, the rest far below 1/sqrt(64)
+    s = {lm_name(0, "v_proj"): flat_narrow, lm_name(0, "q_proj"): heavy_wide / heavy_wide.norm()}
+    masks = select(s, 0.3)
+    w = views.why_global(s, masks).set_index("target")
+    assert w.loc["v_proj", "frozen"] == 1.0 and w.loc["q_proj", "frozen"] == pytest.approx(8 / 64)   # 24 rows: all v first
+    assert w.loc["v_proj", "median_s"] >= w.loc["v_proj", "global_threshold_s"] >= w.loc["q_proj", "median_s"]
+    assert w.loc["q_proj", "equal_share_s"] == pytest.approx(1 / 8)
+
+
 def test_parameter_budget_counts_trainable_rows():
     model = nn.ModuleDict({"q_proj": nn.Linear(5, 4), "other": nn.Linear(5, 5, bias=False)})
     masks = {"q_proj": torch.tensor([True, False, False, True])}
@@ -209,7 +222,7 @@ def test_continual_figures():
     assert len(views.continual_bars(cs).data) == 2
 
 
-def test_load_run_reads_tables_and_fails_clearly(tmp_path):
+def test_load_run_reads_tables_and_fails_clearly(tmp_path, monkeypatch):
     from lab._io import write_json, write_table
 
     with pytest.raises(FileNotFoundError, match="not an AWARe ablation run"):
@@ -219,6 +232,11 @@ def test_load_run_reads_tables_and_fails_clearly(tmp_path):
     run = views.load_run(tmp_path)
     assert len(run["results"]) == len(results_table()) and run["config"]["seeds"] == [0, 1]
     assert run["continual"].empty
+    newest = tmp_path / "runs" / "aware" / "20990101-000000-ablate-fashion-1-x"
+    newest.mkdir(parents=True)
+    write_json(newest / "config.json", {"seeds": [3]})
+    monkeypatch.setenv("LAB_RUNS_DIR", str(tmp_path / "runs"))
+    assert views.load_run("latest")["run_dir"] == newest
 
 
 def test_sweep_size_overrides_train_config():

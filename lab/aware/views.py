@@ -342,6 +342,28 @@ def frozen_by_target(selections: Mapping[str, Mapping[str, Tensor]]):
     return pd.DataFrame(cols)
 
 
+def why_global(scores: Mapping[str, Tensor], masks: Mapping[str, Tensor]):
+    """Why a global ranking freezes some targets more than others. Per target: its width, the
+    level every neuron would have if all were equal (``1/sqrt(d_out)``, the per-sample norm is 1),
+    the median and the top neuron of its layers (raw saliency ``s``, which is what the global rule
+    compares), the global threshold (the smallest frozen ``s``) and the fraction frozen. A target
+    whose *median* neuron sits above the threshold is mostly frozen: narrow, flat layers win."""
+    import pandas as pd
+
+    lt = layer_table(scores)
+    frozen = torch.cat([scores[n][masks[n].bool()] for n in masks if masks[n].any()])
+    thr = float(frozen.min()) if frozen.numel() else float("nan")
+    rows = []
+    for target, names in lt.groupby("target", sort=False).name:
+        v = torch.cat([scores[n].float() for n in names])
+        m = torch.cat([masks[n].bool() for n in names if n in masks]) if all(n in masks for n in names) else None
+        rows.append({"target": target, "d_out": int(lt[lt.target == target].d_out.max()),
+                     "equal_share_s": 1 / math.sqrt(int(lt[lt.target == target].d_out.max())),
+                     "median_s": float(v.median()), "top_s": float(v.max()), "global_threshold_s": thr,
+                     "frozen": float(m.float().mean()) if m is not None else float("nan")})
+    return pd.DataFrame(rows)
+
+
 def parameter_budget(model, masks: Mapping[str, Tensor]) -> dict:
     """What freezing ``masks`` leaves trainable, counted from the layer shapes (nothing is modified):
     every other parameter of ``model`` is frozen, as :func:`lab.aware.freeze.apply` does."""
@@ -427,13 +449,17 @@ def saliency_heatmaps(scores: Mapping[str, Tensor], targets=MAIN_TARGETS, *, sor
                                         for t in targets])
     for i, t in enumerate(targets, 1):
         g, layers = grids[t]
-        fig.add_trace(go.Heatmap(z=g, y=[str(x) for x in layers], coloraxis="coloraxis",
+        fig.add_trace(go.Heatmap(z=g.astype(np.float32), y=[str(x) for x in layers], coloraxis="coloraxis",
                                  hovertemplate="layer %{y}<br>neuron %{x}<br>%{z}<extra>" + t + "</extra>"), i, 1)
         fig.update_yaxes(title_text="layer", type="category", row=i, col=1)
         if i == len(targets):
             fig.update_xaxes(title_text="neuron, most salient first" if sort else "neuron", row=i, col=1)
     if masks is None:
-        color = dict(colorscale="Viridis", colorbar=dict(title="log10<br>x uniform"), cmin=-1, cmax=1.5)
+        # symmetric around 0 (= an equal share) and wide enough for the 99.9th percentile
+        vals = np.concatenate([g[np.isfinite(g)] for g, _ in grids.values()])
+        lim = float(max(np.quantile(np.abs(vals), 0.999), 0.1)) if vals.size else 1.0
+        color = dict(colorscale="RdBu_r", cmid=0, cmin=-lim, cmax=lim,
+                     colorbar=dict(title="log10<br>x equal<br>share"))
     else:
         color = dict(colorscale=[[0, "#f0f0f0"], [1, "#c0392b"]], cmin=0, cmax=1,
                      colorbar=dict(title="frozen", tickvals=[0, 1], ticktext=["trained", "frozen"]))
@@ -520,6 +546,7 @@ def calibration_size_figure(agreement, title: str = ""):
     fig.update_layout(title=title or f"How many calibration samples does the mask need? (Jaccard with {ref})",
                       xaxis_title="calibration samples", yaxis_title="Jaccard with the reference mask",
                       xaxis_type="log", yaxis_range=(0, 1.02), height=400)
+    fig.update_xaxes(tickvals=list(nested.samples), ticktext=[str(int(n)) for n in nested.samples])
     return fig
 
 
