@@ -127,6 +127,15 @@ def test_select_global_balanced_extremes():
         assert frozen_fraction(select(SCORES, 1.0, rule, **kw)) == 1.0
 
 
+def test_mask_composition_by_layer_kind():
+    from lab.aware.masking import composition
+
+    m = {"l.0.self_attn.q_proj": torch.tensor([1, 0, 0, 0], dtype=torch.bool),
+         "l.1.self_attn.q_proj": torch.tensor([1, 1], dtype=torch.bool),
+         "mm_projector.0": torch.tensor([0, 1], dtype=torch.bool)}
+    assert composition(m) == {"q_proj": (3, 6), "projector": (1, 2)}
+
+
 def test_weight_norm_ranks_rows():
     lin = nn.Linear(2, 3, bias=False)
     with torch.no_grad():

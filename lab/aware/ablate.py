@@ -6,7 +6,8 @@ rho sweep, targets, calibration set (upstream vs generic proxy), calibration siz
 continual sequence of the downstream tasks (fashion -> digits -> even).
 
 Everything lands in a unique run directory (``lab.runs.new_run_dir('aware', ...)``): tidy tables
-(``results``, ``continual``, ``continual_summary``, ``overlap``, ``upstream_before``), the
+(``results``, ``continual``, ``continual_summary``, ``overlap``, ``mask_composition``,
+``upstream_before``), the
 config with seeds and versions, saliency tensors (layer x neuron) and the selection masks as
 safetensors for the heatmap notebook.
 """
@@ -40,7 +41,7 @@ class Size:
     n_train: int = 1000            # downstream train pool per task
     n_eval: int = 100              # downstream test questions per task (fixed subset)
     train: TrainConfig = TrainConfig(steps=24, batch_size=8)
-    rules: tuple[str, ...] = ("weight-norm", "random")   # compared with activation-global
+    rules: tuple[str, ...] = ("activation-balanced", "weight-norm", "random")   # vs activation-global
     n_calib: int = 200
     calib_sizes: tuple[int, ...] = (16, 64)
     rhos: tuple[float, ...] = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
@@ -60,7 +61,6 @@ SIZES = {
     "default": Size(),
     "large": Size(n_align=20000, align=AlignConfig(steps=1200, batch_size=32), n_easy_eval=1000, n_train=4000,
                   n_eval=1000, train=TrainConfig(steps=200, batch_size=16), seeds=(0, 1, 2),
-                  rules=("activation-balanced", "weight-norm", "random"),
                   continual_steps=150, n_continual_eval=500, continual_methods=("full", "lora", "aware"),
                   exact=True),
 }
@@ -273,7 +273,9 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
                             **M.mask_overlap(ref, select(src, MAIN.rho, rule, weights=layers))})
 
     # 4. every variant x seed
-    rows = []
+    from lab.aware.masking import composition
+
+    rows, comp = [], []
     t0 = time.perf_counter()
     for seed in seeds:
         for v in chosen:
@@ -281,6 +283,8 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
             rows.append(row)
             if seed == seeds[0] and "masks" in info:
                 _save_masks(run_dir, f"{v.group}_{v.label}", info["masks"])
+                comp += [{"group": v.group, "variant": v.label, "kind": k, "frozen": a, "rows": b,
+                          "frozen_frac": a / b} for k, (a, b) in composition(info["masks"]).items()]
             if progress:
                 print(f"  {v.group:<12} {v.label:<20} seed {seed}: down {row['downstream']:.3f} "
                       f"R {row['R']:.1f} ({row['train_s']:.0f}s)", flush=True)
@@ -297,7 +301,7 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
     timings["total_s"] = time.perf_counter() - t_start + timings["setup_s"]
 
     tables = {"results": pd.DataFrame(_tidy(rows)), "upstream_before": pd.DataFrame(before),
-              "overlap": pd.DataFrame(overlap), "continual": pd.DataFrame(cont),
+              "overlap": pd.DataFrame(overlap), "mask_composition": pd.DataFrame(comp), "continual": pd.DataFrame(cont),
               "continual_summary": pd.DataFrame(summarise(cont, order, ctx.before) if cont else [])}
     for name, df in tables.items():
         write_table(run_dir / name, df)

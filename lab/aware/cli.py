@@ -150,6 +150,10 @@ def cmd_ablate(args) -> int:
         if len(out["continual_summary"]):
             print("\ncontinual sequence:")
             print(out["continual_summary"].to_string(index=False))
+        if len(out["mask_composition"]):
+            mc = out["mask_composition"]
+            print("\nfrozen fraction by layer kind (seed 0):")
+            print(mc.pivot_table(index=["group", "variant"], columns="kind", values="frozen_frac", sort=False).to_string())
         if len(out["overlap"]):
             print("\nmask overlap (rho=0.3, q/k/v+projector):")
             print(out["overlap"].to_string(index=False))

@@ -73,3 +73,15 @@ def frozen_fraction(masks: Mapping[str, Tensor]) -> float:
     """Fraction of target rows that are frozen."""
     total = sum(m.numel() for m in masks.values())
     return sum(int(m.sum()) for m in masks.values()) / max(total, 1)
+
+
+def composition(masks: Mapping[str, Tensor]) -> dict[str, tuple[int, int]]:
+    """``{layer kind: (frozen rows, rows)}`` where kind is the module's last name component
+    (``q_proj``, ``k_proj``, ...) or ``projector`` for anything inside a multimodal projector."""
+    out: dict[str, list[int]] = {}
+    for name, m in masks.items():
+        kind = "projector" if ("mm_projector" in name or "multi_modal_projector" in name) else name.rsplit(".", 1)[-1]
+        acc = out.setdefault(kind, [0, 0])
+        acc[0] += int(m.sum())
+        acc[1] += m.numel()
+    return {k: (a, b) for k, (a, b) in out.items()}

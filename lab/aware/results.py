@@ -32,7 +32,7 @@ def load_run(run_dir: str | Path) -> dict:
 
     run_dir = Path(run_dir)
     out: dict = {"run_dir": run_dir, "config": read_json(run_dir / "config.json")}
-    for name in ("results", "upstream_before", "overlap", "continual", "continual_summary"):
+    for name in ("results", "upstream_before", "overlap", "mask_composition", "continual", "continual_summary"):
         out[name] = _read_table(run_dir / name)
     out["saliency"], out["masks"] = {}, {}
     for f in sorted(run_dir.glob("saliency_*.safetensors")):
