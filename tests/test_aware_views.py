@@ -205,6 +205,11 @@ def test_findings_and_ablation_figures():
     assert {t.name for t in fig.data[1:]} == {"zero-shot", "full", "lora", "dora"}
     assert len(views.rho_curves(res).data) == 3
     assert len(views.rhe_bars(res, "rule").data) == 3
+    missing = views.rhe_bars(res, "targets")                  # not swept: a note, not an empty chart
+    assert not missing.data and "not in this run" in missing.layout.annotations[0].text
+    assert "not in this run" in views.continual_figure(pd.DataFrame()).layout.annotations[0].text
+    text = views.describe_ablation({"results": res, "config": {"task": "even"}, "continual_summary": pd.DataFrame()})
+    assert "chance 0.500 (2 options)" in text and "aware R 95.5" in text
 
 
 def test_continual_figures():
@@ -291,3 +296,9 @@ def test_target_summary_counts_layer_shapes():
     ts = views.target_summary(model).set_index("target")
     assert ts.loc["q_proj", "layers"] == 2 and ts.loc["projector", "layers"] == 2
     assert ts.loc["projector", "d_in"] == 32 and ts["share_of_model_%"].sum() < 100
+
+
+def test_run_info_summarises_a_run():
+    res = results_table().assign(step_s=2.0, train_s=12.0)
+    line = views.run_info({"run_dir": "x", "results": res, "config": {"timings": {"total_s": 61.0, "seeds": 1}}})
+    assert "20 runs (2 seed(s))" in line and "median training step 2.00 s" in line and "total 61 s" in line

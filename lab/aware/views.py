@@ -45,13 +45,18 @@ def setup(size, *, tiny: bool = False, downstream: bool = True, cache_dir=None, 
     ``tiny=False`` is exactly :func:`lab.aware.ablate.setup` (SmolLM2 + the cached aligned projector)
     when ``downstream`` is True. ``tiny=True`` swaps in a randomly initialised 2-layer Llama with a
     word-level tokenizer over every word the tasks use (seconds; numbers are meaningless, code paths
-    are the real ones). ``downstream=False`` leaves ``ctx.down`` empty (saliency only)."""
+    are the real ones) and sets torch to one thread. ``downstream=False`` leaves ``ctx.down`` empty
+    (saliency only)."""
     import time
 
     from lab.aware import ablate, tasks
     from lab.aware.upstream import build_base
 
     size = ablate.SIZES[size] if isinstance(size, str) else size
+    if tiny:
+        # a 32-wide model gains nothing from intra-op threads, and on a busy machine they cost
+        # (smoke runs measured 2-3x slower with 2 threads under load)
+        torch.set_num_threads(1)
     if not tiny and downstream:
         return ablate.setup(size, progress=progress, cache_dir=cache_dir)
     t0 = time.perf_counter()
@@ -680,15 +685,29 @@ def summary(results, group: str | None = None):
     return out.reset_index()
 
 
+def _not_run(what: str, title: str):
+    """A placeholder figure saying that a part of the sweep is not in this run (and how to get it)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.add_annotation(text=f"{what} is not in this run: add it to <code>groups</code>, or set "
+                            f"<code>run_dir</code> to a full <code>lab aware ablate</code> run",
+                       showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14))
+    fig.update_layout(title=title, height=220, xaxis_visible=False, yaxis_visible=False)
+    return fig
+
+
 def rhe_bars(results, group: str, title: str = ""):
     """R, E and H per variant of one ablation group (mean over seeds; 100 = no forgetting /
     as good as full fine-tuning)."""
     from lab import plots
 
+    title = title or f"{group}: retention R, efficiency E and their harmonic mean H"
     s = summary(results, group)
+    if len(s) < 2:              # only the shared reference row: the group was not swept
+        return _not_run(f"the '{group}' ablation", title)
     long = s.melt(id_vars=["variant"], value_vars=["R", "E", "H"], var_name="metric", value_name="percent")
-    fig = plots.grouped_bar(long, x="variant", y="percent", color="metric", fmt=".0f",
-                            title=title or f"{group}: retention R, efficiency E and their harmonic mean H")
+    fig = plots.grouped_bar(long, x="variant", y="percent", color="metric", fmt=".0f", title=title)
     fig.add_hline(y=100, line_dash="dot", line_color="grey")
     return fig
 
@@ -720,21 +739,27 @@ def rho_curves(results, title: str = ""):
     """R, E, H against rho (the sweep, mean over seeds)."""
     from lab import plots
 
+    title = title or "The rho sweep: R rises, E falls; H finds the balance"
     s = summary(results, "rho")
+    if len(s) < 2:
+        return _not_run("the rho sweep", title)
     s["rho"] = s.variant.str.replace("rho=", "").astype(float)
     long = s.sort_values("rho").melt(id_vars=["rho"], value_vars=["R", "E", "H"], var_name="metric", value_name="percent")
     return plots.lines(long, x="rho", y="percent", color="metric", x_title="rho (fraction of target rows frozen)",
-                       y_title="percent", title=title or "The rho sweep: R rises, E falls; H finds the balance")
+                       y_title="percent", title=title)
 
 
 def continual_figure(continual, title: str = ""):
     """Accuracy on every task seen so far after each stage, one panel per method."""
     import plotly.express as px
 
+    title = title or "Continual sequence: accuracy on each task after each stage"
+    if continual is None or not len(continual):
+        return _not_run("the continual sequence", title)
     df = continual[~continual.task.str.startswith("upstream:")].copy()
     df["after stage"] = [f"{s + 1}: {t}" for s, t in zip(df.stage, df.stage_task)]
     fig = px.line(df, x="after stage", y="acc", color="task", facet_col="method", markers=True, range_y=(0, 1.02),
-                  title=title or "Continual sequence: accuracy on each task after each stage")
+                  title=title)
     fig.update_layout(height=400, yaxis_title="accuracy")
     fig.for_each_annotation(lambda a: a.update(text=a.text.partition("=")[2]))
     return fig
@@ -743,11 +768,13 @@ def continual_figure(continual, title: str = ""):
 def continual_bars(cont_summary, title: str = ""):
     from lab import plots
 
+    title = title or "Per-stage averages, Avg, Last and BWT (negative = forgetting)"
+    if cont_summary is None or not len(cont_summary):
+        return _not_run("the continual sequence", title)
     cols = [c for c in cont_summary.columns if c.startswith("stage")] + ["avg", "last", "bwt"]
     s = cont_summary.groupby("method", sort=False)[cols].mean().reset_index()
     long = s.melt(id_vars=["method"], value_vars=cols, var_name="metric", value_name="accuracy")
-    return plots.grouped_bar(long, x="metric", y="accuracy", color="method", fmt=".2f",
-                             title=title or "Per-stage averages, Avg, Last and BWT (negative = forgetting)")
+    return plots.grouped_bar(long, x="metric", y="accuracy", color="method", fmt=".2f", title=title)
 
 
 def findings(results) -> dict:
@@ -803,6 +830,18 @@ def noise_table(run: dict):
     return pd.DataFrame(rows)
 
 
+def chance_options(task: str) -> tuple:
+    """The answer options a downstream task scores (``lab.aware.tasks.TEMPLATES``)."""
+    from lab.aware.tasks import TEMPLATES
+
+    _, tmpl, names = TEMPLATES[task]
+    return tuple(dict.fromkeys(tmpl.render(c, names) for c in range(len(names))))
+
+
+def chance_rate(task: str) -> float:
+    return 1.0 / len(chance_options(task))
+
+
 def describe_ablation(run: dict) -> str:
     """Notebook 04's findings as Markdown bullets, computed from a run (sweep or saved)."""
     res = run["results"]
@@ -815,7 +854,15 @@ def describe_ablation(run: dict) -> str:
     if not math.isnan(g("full_R")):
         verdict = "forgets" if g("full_R") < 97 else "barely forgets"
         lines.append(f"- **Does full fine-tuning forget here?** R = {g('full_R'):.1f}: it {verdict} at this size "
-                     "(every other comparison is only as informative as this gap).")
+                     "(every protection result is only as informative as this gap).")
+    task = run["config"].get("task")
+    full = res[(res.group == "methods") & (res.variant == "full")]
+    if task and len(full):
+        chance, acc = chance_rate(task), float(full.downstream.mean())
+        verdict = ("learned it" if acc > chance + 0.1 else
+                   "barely moved above chance: E compares methods that mostly did not learn the task yet")
+        lines.append(f"- **Did full fine-tuning learn the task?** {acc:.3f} downstream accuracy vs chance "
+                     f"{chance:.3f} ({len(set(chance_options(task)))} options): it {verdict}.")
     rules = {k.split("_")[1]: v for k, v in f.items() if k.startswith("rule_") and not math.isnan(v)}
     if len(rules) > 1:
         best = max(rules, key=rules.get)
@@ -842,5 +889,8 @@ def run_info(run: dict) -> str:
     res = run["results"]
     own = ~res["shared"].fillna(False).astype(bool) if "shared" in res else np.ones(len(res), bool)
     times = run["config"].get("timings", {})
-    return (f"run folder: {run['run_dir']}; {int(own.sum())} runs ({res.seed.nunique()} seed(s)); timings: "
-            + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in times.items() if k.endswith("_s")))
+    steps = res[own & res.step_s.notna()] if "step_s" in res else res.iloc[:0]
+    per_step = (f"; median training step {steps.step_s.median():.2f} s, {steps.train_s.median():.0f} s per run"
+                if len(steps) else "")
+    return (f"run folder: {run['run_dir']}; {int(own.sum())} runs ({res.seed.nunique()} seed(s)){per_step}; "
+            "timings: " + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in times.items() if k.endswith("_s")))
