@@ -39,7 +39,8 @@ def study(n_profiles=2):
     s = scores()
     profiles = {"upstream-8": s, "proxy-8": scores(seed=1)}
     profiles = dict(list(profiles.items())[:n_profiles])
-    norms = {k: torch.rand(v.numel(), generator=torch.Generator().manual_seed(3)) for k, v in s.items()}
+    g = torch.Generator().manual_seed(3)
+    norms = {k: torch.rand(v.numel(), generator=g) for k, v in s.items()}
     return views.Study(profiles, {k: v / v.norm() for k, v in norms.items()})
 
 
@@ -302,3 +303,24 @@ def test_run_info_summarises_a_run():
     res = results_table().assign(step_s=2.0, train_s=12.0)
     line = views.run_info({"run_dir": "x", "results": res, "config": {"timings": {"total_s": 61.0, "seeds": 1}}})
     assert "20 runs (2 seed(s))" in line and "median training step 2.00 s" in line and "total 61 s" in line
+
+
+def test_study_saves_and_loads_and_reads_runner_files(tmp_path):
+    st = study()
+    st.n_samples = {"upstream-8": 8, "proxy-8": 8}
+    st.save(tmp_path / "a")
+    back = views.Study.load(tmp_path / "a")
+    assert back.labels == ["upstream-8", "proxy-8"] and back.n_samples["upstream-8"] == 8
+    for lab_ in st.labels:
+        for rule in ("activation-global", "weight-norm"):
+            a, b = st.select(lab_, 0.3, rule), back.select(lab_, 0.3, rule)
+            assert all(torch.equal(a[k], b[k]) for k in a)
+    # the runner's layout (no norms): activation rules work, weight-norm explains what is missing
+    from lab.aware.ablate import _save_saliency
+    from lab.aware.saliency import Saliency
+
+    _save_saliency(tmp_path / "run", ("upstream", 8), Saliency(scores(), 8, 1.0))
+    run = views.Study.load(tmp_path / "run")
+    assert run.labels == ["upstream-8"] and run.select("upstream-8", 0.3)
+    with pytest.raises(ValueError, match="weight-row norms"):
+        run.select("upstream-8", 0.3, "weight-norm")

@@ -159,6 +159,48 @@ class Study:
                    {label(k): s.n_samples for k, s in saliency.items()},
                    {label(k): s.seconds for k, s in saliency.items()})
 
+    def save(self, folder) -> Path:
+        """Write every profile as ``saliency_<label>.safetensors`` (the layout ``lab aware ablate``
+        uses) and the row norms as ``row_norms.safetensors``; :meth:`load` reads them back."""
+        from lab._io import save_tensors
+
+        folder = Path(folder)
+        for lab_, scores in self.profiles.items():
+            names = list(scores)
+            save_tensors(folder / f"saliency_{lab_.replace('-', '_')}.safetensors",
+                         {f"layer/{n}": v.float().contiguous() for n, v in scores.items()},
+                         {"layers": json.dumps(names), "n_samples": str(self.n_samples.get(lab_, 0)),
+                          "seconds": f"{self.seconds.get(lab_, 0.0):.3f}"})
+        save_tensors(folder / "row_norms.safetensors", {n: v.float().contiguous() for n, v in self.norms.items()},
+                     {"layers": json.dumps(list(self.norms))})
+        return folder
+
+    @classmethod
+    def load(cls, folder) -> "Study":
+        """Profiles saved by :meth:`save` or by ``lab aware ablate`` / ``lab aware profile`` (a run
+        folder). Without ``row_norms.safetensors`` the ``weight-norm`` rule is unavailable."""
+        from lab._io import load_tensors
+
+        folder = Path(folder)
+        files = sorted(folder.glob("saliency_*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no saliency_*.safetensors in {folder}")
+        profiles, n_samples, seconds = {}, {}, {}
+        for f in files:
+            t, meta = load_tensors(f)
+            lab_ = f.stem.removeprefix("saliency_").replace("_", "-")
+            names = json.loads(meta["layers"]) if "layers" in meta else [k[6:] for k in t if k.startswith("layer/")]
+            profiles[lab_] = {n: t[f"layer/{n}"] for n in names}
+            n_samples[lab_], seconds[lab_] = int(meta.get("n_samples", 0)), float(meta.get("seconds", 0))
+        profiles = dict(sorted(profiles.items(), key=lambda kv: (not kv[0].startswith("upstream"), -n_samples[kv[0]])))
+        norms = {}
+        if (folder / "row_norms.safetensors").exists():
+            t, meta = load_tensors(folder / "row_norms.safetensors")
+            norms = {n: t[n] for n in json.loads(meta.get("layers", "[]")) or list(t)}   # the saved layer order
+        if not norms:   # layer names (and sizes) still come from the profiles
+            norms = {n: torch.full_like(v, float("nan")) for n, v in next(iter(profiles.values())).items()}
+        return cls(profiles, norms, n_samples, seconds)
+
     @property
     def labels(self) -> list[str]:
         return list(self.profiles)
@@ -180,7 +222,11 @@ class Study:
         from lab.aware.masking import select
 
         if rule == "weight-norm":
-            return select({n: self.norms[n] for n in self.layers(targets)}, rho, "activation-global")
+            norms = {n: self.norms[n] for n in self.layers(targets)}
+            if any(torch.isnan(v).any() for v in norms.values()):
+                raise ValueError("no weight-row norms stored with these profiles: 'weight-norm' needs the model "
+                                 "(Study.from_context) or a row_norms.safetensors saved by Study.save")
+            return select(norms, rho, "activation-global")
         return select(self.scores(profile, targets), rho, rule, seed=seed)
 
 
