@@ -16,6 +16,10 @@ def register(subparsers) -> None:
         q.add_argument("--cache-dir", default=None, help="cache root (default $LAB_CACHE_DIR or ~/.cache/continual-lab)")
         q.add_argument("--quiet", action="store_true", help="no progress bars")
         q.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+        q.add_argument("--steps", type=int, default=None, help="training steps per run (default: the preset's)")
+        q.add_argument("--lr", type=float, default=None, help="language-model lr for full/AWARe (default 2e-5)")
+        q.add_argument("--lr-projector", type=float, default=None, help="projector lr (default 1e-3)")
+        q.add_argument("--lr-adapter", type=float, default=None, help="LoRA/DoRA lr (default 3e-4)")
 
     q = sub.add_parser("profile", help="saliency of every target neuron on a calibration set (safetensors)")
     common(q)
@@ -35,7 +39,6 @@ def register(subparsers) -> None:
                    choices=["activation-global", "activation-balanced", "weight-norm", "random"])
     q.add_argument("--targets", default="qkv+projector")
     q.add_argument("--calib", default="upstream", choices=["upstream", "proxy"])
-    q.add_argument("--steps", type=int, default=None, help="training steps (default: the size preset's)")
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--save", default=None, help="save the fine-tuned (merged, standard) model to this folder")
     q.set_defaults(func=cmd_finetune)
@@ -60,11 +63,23 @@ def _threads():
     transformers.logging.set_verbosity_error()
 
 
-def _ctx(args):
-    from lab.aware.ablate import SIZES, setup
+def _size(args):
+    """The preset with any training overrides from the command line (validated by TrainConfig)."""
+    from dataclasses import replace
 
+    from lab.aware.ablate import SIZES
+
+    size = SIZES[args.size]
+    over = {k: getattr(args, k) for k in ("steps", "lr", "lr_projector", "lr_adapter") if getattr(args, k) is not None}
+    return replace(size, train=replace(size.train, **over)) if over else size
+
+
+def _ctx(args):
+    from lab.aware.ablate import setup
+
+    size = _size(args)          # bad overrides fail here, before any model is loaded
     _threads()
-    return setup(SIZES[args.size], progress=not args.quiet, cache_dir=args.cache_dir, device=args.device)
+    return setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device)
 
 
 def cmd_profile(args) -> int:
@@ -72,7 +87,7 @@ def cmd_profile(args) -> int:
 
     from lab import runs
     from lab.aware import tasks
-    from lab.aware.ablate import SIZES, _save_saliency
+    from lab.aware.ablate import _save_saliency
     from lab.aware.continual import calibration_batches
     from lab.aware.saliency import profile
 
@@ -80,7 +95,7 @@ def cmd_profile(args) -> int:
         raise ValueError(f"the calibration set is empty (--n {args.n})")
     from lab.aware.ablate import setup
 
-    size = replace(SIZES[args.size], n_calib=args.n, calib_sizes=())
+    size = replace(_size(args), n_calib=args.n, calib_sizes=())
     _threads()
     ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device)
     qa = ctx.calib[(args.calib, args.n)] if (args.calib, args.n) in ctx.calib else \
@@ -104,8 +119,6 @@ def cmd_profile(args) -> int:
 
 
 def cmd_finetune(args) -> int:
-    from dataclasses import replace
-
     from lab.aware.ablate import MAIN, Variant, run_variant, upstream
     from lab.aware.config import AwareConfig
     from lab.aware.continual import calibration_batches
@@ -114,8 +127,6 @@ def cmd_finetune(args) -> int:
 
     aware = AwareConfig(rho=args.rho, rule=args.rule, targets=args.targets)   # validates before work
     ctx = _ctx(args)
-    if args.steps is not None:
-        ctx.size = replace(ctx.size, train=replace(ctx.size.train, steps=args.steps))
     ctx.before = upstream(ctx.base, ctx, exact=False)
     key = (args.calib, ctx.size.n_calib)
     if args.method == "aware" and aware.rule.startswith("activation"):

@@ -736,8 +736,8 @@ def _not_run(what: str, title: str):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    fig.add_annotation(text=f"{what} is not in this run: add it to <code>groups</code>, or set "
-                            f"<code>run_dir</code> to a full <code>lab aware ablate</code> run",
+    fig.add_annotation(text=f"{what} is not in this run: add it to 'groups', or set 'run_dir'<br>"
+                            f"to a run of 'lab aware ablate' that has it",
                        showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14))
     fig.update_layout(title=title, height=220, xaxis_visible=False, yaxis_visible=False)
     return fig
@@ -888,6 +888,17 @@ def chance_rate(task: str) -> float:
     return 1.0 / len(chance_options(task))
 
 
+def majority_rate(task: str, n_eval: int) -> float | None:
+    """Accuracy of always giving the most common answer of the task's fixed ``n_eval`` test questions
+    (the same questions every run is scored on); ``None`` when the data is not available here."""
+    from lab.aware.tasks import downstream
+
+    try:
+        return downstream(task, n_train=1, n_test=n_eval, progress=False).test.majority_rate()
+    except (OSError, ValueError, RuntimeError):
+        return None
+
+
 def describe_ablation(run: dict) -> str:
     """Notebook 04's findings as Markdown bullets, computed from a run (sweep or saved)."""
     res = run["results"]
@@ -904,11 +915,15 @@ def describe_ablation(run: dict) -> str:
     task = run["config"].get("task")
     full = res[(res.group == "methods") & (res.variant == "full")]
     if task and len(full):
-        chance, acc = chance_rate(task), float(full.downstream.mean())
-        verdict = ("learned it" if acc > chance + 0.1 else
-                   "barely moved above chance: E compares methods that mostly did not learn the task yet")
-        lines.append(f"- **Did full fine-tuning learn the task?** {acc:.3f} downstream accuracy vs chance "
-                     f"{chance:.3f} ({len(set(chance_options(task)))} options): it {verdict}.")
+        acc, n = float(full.downstream.mean()), int(run["config"].get("size", {}).get("n_eval", 0))
+        base, what = chance_rate(task), f"chance {chance_rate(task):.3f} ({len(chance_options(task))} options)"
+        major = majority_rate(task, n) if n else None
+        if major is not None:
+            base, what = max(base, major), what + f", always giving the test set's most common answer {major:.3f}"
+        se = math.sqrt(max(base * (1 - base), 1e-12) / n) if n else 0.0
+        verdict = ("learned it" if acc > base + 2 * se else "is not clearly above what guessing one answer scores, "
+                   "so E compares methods that have not learned the task yet")
+        lines.append(f"- **Did full fine-tuning learn the task?** {acc:.3f} downstream accuracy vs {what}: it {verdict}.")
     rules = {k.split("_")[1]: v for k, v in f.items() if k.startswith("rule_") and not math.isnan(v)}
     if len(rules) > 1:
         best = max(rules, key=rules.get)
