@@ -324,3 +324,10 @@ def test_study_saves_and_loads_and_reads_runner_files(tmp_path):
     assert run.labels == ["upstream-8"] and run.select("upstream-8", 0.3)
     with pytest.raises(ValueError, match="weight-row norms"):
         run.select("upstream-8", 0.3, "weight-norm")
+
+
+def test_majority_rate_of_the_fixed_test_questions():
+    rate = views.majority_rate("fashion", 16)
+    if rate is None:
+        pytest.skip("fashion_mnist_mini not available here")
+    assert 1 / 10 <= rate <= 1 and (rate * 16).is_integer()
