@@ -55,7 +55,9 @@ def test_sweep_writes_tidy_tables_tensors_and_config(ctx, tmp_path):
     zs = res[(res.group == "methods") & (res.variant == "zero-shot")].iloc[0]
     assert zs.R == pytest.approx(100.0) and zs.trainable == 0
     # the main AWARe row is repeated as the reference of each ablation group
-    assert set(res[res.get("shared", False) == True].group) == set(ablate._MAIN_LABEL)  # noqa: E712
+    shared = res[res.get("shared", False) == True]  # noqa: E712
+    assert set(shared.group) == set(ablate._MAIN_LABEL)
+    assert shared[shared.group == "calib_size"].variant.tolist() == [f"n={ctx.size.n_calib}"]  # the real n
     rho0 = res[res.variant == "rho=0"].iloc[0]
     rho9 = res[res.variant == "rho=0.9"].iloc[0]
     assert rho0.trainable > rho9.trainable

@@ -181,3 +181,22 @@ def test_exact_match_rule():
     assert exact_match("8 legs", ("8", "eight"))
     assert not exact_match("Parisian", ("Paris",))
     assert exact_match("Eight.", ("8", "eight"))
+
+
+def test_projector_cache_key_is_identity_not_float_values():
+    """Regression: the key once hashed a float sum of the tokens, which differs in the last bits
+    with the CPU thread count, so a cached projector was silently re-aligned (15+ minutes)."""
+    from dataclasses import replace
+
+    from lab.aware.tasks import Task
+    from lab.aware.upstream import AlignConfig, _key
+
+    qa = replace(qaset(12), source="efficientnet_lite0-abc")
+    key = _key(AlignConfig(), "smollm2", Task("easy_vqa", qa, qa), 2)
+    nudged = replace(qa, tokens=qa.tokens + 1e-6)
+    assert _key(AlignConfig(), "smollm2", Task("easy_vqa", nudged, qa), 2) == key
+    other_images = replace(qa, source="efficientnet_lite0-def")
+    assert _key(AlignConfig(), "smollm2", Task("easy_vqa", other_images, qa), 2) != key
+    other_answers = replace(qa, answers=list(reversed(qa.answers)))
+    assert _key(AlignConfig(), "smollm2", Task("easy_vqa", other_answers, qa), 2) != key
+    assert _key(AlignConfig(steps=301), "smollm2", Task("easy_vqa", qa, qa), 2) != key

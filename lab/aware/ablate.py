@@ -95,7 +95,7 @@ def variants(size: Size) -> list[Variant]:
 
 # the main AWARe row also belongs to every ablation group (it is their reference point)
 _MAIN_LABEL = {"rule": "activation-global", "rho": "rho=0.3", "targets": "qkv+projector",
-               "calibration": "upstream", "calib_size": "n=200"}
+               "calibration": "upstream", "calib_size": "n={n_calib}"}
 
 
 @dataclass
@@ -204,12 +204,13 @@ def setup(size: Size, *, progress: bool = True, cache_dir=None, device: str | No
     return ctx
 
 
-def _tidy(rows: list[dict]) -> list[dict]:
+def _tidy(rows: list[dict], n_calib: int) -> list[dict]:
     """Repeat the main AWARe row inside every ablation group it is the reference of."""
     out = list(rows)
     for r in rows:
         if r["group"] == "methods" and r["variant"] == "aware":
-            out += [{**r, "group": g, "variant": label, "shared": True} for g, label in _MAIN_LABEL.items()]
+            out += [{**r, "group": g, "variant": label.format(n_calib=n_calib), "shared": True}
+                    for g, label in _MAIN_LABEL.items()]
     return out
 
 
@@ -300,7 +301,7 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
     timings["continual_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_start + timings["setup_s"]
 
-    tables = {"results": pd.DataFrame(_tidy(rows)), "upstream_before": pd.DataFrame(before),
+    tables = {"results": pd.DataFrame(_tidy(rows, size.n_calib)), "upstream_before": pd.DataFrame(before),
               "overlap": pd.DataFrame(overlap), "mask_composition": pd.DataFrame(comp), "continual": pd.DataFrame(cont),
               "continual_summary": pd.DataFrame(summarise(cont, order, ctx.before) if cont else [])}
     for name, df in tables.items():

@@ -176,12 +176,14 @@ class MiniLlava(nn.Module):
 
 
 def visual_tokens(images, *, grid: int = 2, backbone: str = "efficientnet_lite0", resolution: int | None = None,
-                  batch_size: int = 64, cache_dir=None, progress: bool = True) -> Tensor:
+                  batch_size: int = 64, cache_dir=None, progress: bool = True, return_key: bool = False):
     """Frozen-tower visual tokens ``[N, grid*grid, C]`` for uint8 images ``[N,H,W]`` / ``[N,H,W,3]``.
 
     The backbone's last feature map ``[N, C, h, w]`` is average-pooled to ``grid x grid``
     (row-major tokens). Results are cached under ``<cache>/aware/visual_tokens`` keyed by the
-    backbone weights, resolution, grid and a hash of the image bytes.
+    backbone weights, resolution, grid and a hash of the image bytes. ``return_key=True`` returns
+    ``(tokens, key)``: the key names the tokens by what made them (never by their float values,
+    which differ in the last bits with the number of CPU threads), so later caches can key on it.
     """
     import numpy as np
     import torch.nn.functional as F
@@ -198,10 +200,12 @@ def visual_tokens(images, *, grid: int = 2, backbone: str = "efficientnet_lite0"
     bb = backbones.load(backbone, resolution=resolution)
     h = hashlib.sha256(images.tobytes())
     h.update(f"{images.shape}|{bb.weights_id}|{bb.resolution}|{grid}".encode())
-    path = cache_root(cache_dir) / "visual_tokens" / f"{backbone}-{h.hexdigest()[:24]}.safetensors"
+    key = f"{backbone}-{h.hexdigest()[:24]}"
+    path = cache_root(cache_dir) / "visual_tokens" / f"{key}.safetensors"
     if path.exists():
         try:
-            return load_tensors(path)[0]["tokens"]
+            tokens = load_tensors(path)[0]["tokens"]
+            return (tokens, key) if return_key else tokens
         except CorruptFile:
             pass  # recompute and overwrite
     out = []
@@ -215,4 +219,4 @@ def visual_tokens(images, *, grid: int = 2, backbone: str = "efficientnet_lite0"
     path.parent.mkdir(parents=True, exist_ok=True)
     save_tensors(path, {"tokens": tokens}, {"backbone": backbone, "weights_id": bb.weights_id,
                                             "resolution": str(bb.resolution), "grid": str(grid)})
-    return tokens
+    return (tokens, key) if return_key else tokens

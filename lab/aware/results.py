@@ -26,14 +26,22 @@ def _read_table(path: Path):
 
 
 def load_run(run_dir: str | Path) -> dict:
-    """``{'config', 'results', 'upstream_before', 'overlap', 'continual', 'continual_summary',
-    'saliency': {'upstream_200': (matrix [layers, neurons], layer names)}, 'masks': {label: {layer: BoolTensor}}}``."""
+    """``{'config', 'results', 'upstream_before', 'overlap', 'mask_composition', 'continual',
+    'continual_summary', 'saliency': {'upstream_200': (matrix [layers, neurons], layer names)},
+    'masks': {label: {layer: BoolTensor}}}``; ``run_dir='latest'``: the newest finished ablation run.
+    A table the run did not write is an empty DataFrame; tensors are verified against their sha256."""
+    import pandas as pd
+
     from lab._io import load_tensors, read_json
 
-    run_dir = Path(run_dir)
+    run_dir = latest_run() if str(run_dir) == "latest" else Path(run_dir)
+    if not (run_dir / "config.json").exists():
+        raise FileNotFoundError(f"{run_dir} is not an AWARe ablation run (no config.json); "
+                                f"runs are written under runs/aware/ by `lab aware ablate`")
     out: dict = {"run_dir": run_dir, "config": read_json(run_dir / "config.json")}
     for name in ("results", "upstream_before", "overlap", "mask_composition", "continual", "continual_summary"):
-        out[name] = _read_table(run_dir / name)
+        table = _read_table(run_dir / name)
+        out[name] = pd.DataFrame() if table is None else table
     out["saliency"], out["masks"] = {}, {}
     for f in sorted(run_dir.glob("saliency_*.safetensors")):
         t, meta = load_tensors(f)

@@ -79,6 +79,7 @@ class QASet:
     image_index: np.ndarray                        # row of ``tokens`` per sample, -1 = text only
     tokens: Tensor | None = None                   # (N_images, n_tokens, C)
     aliases: list[tuple[str, ...]] = field(default_factory=list)
+    source: str = ""                               # identity of ``tokens`` (visual-token cache key)
 
     def __len__(self) -> int:
         return len(self.questions)
@@ -126,10 +127,11 @@ def downstream(name: str, *, n_train: int, n_test: int, seed: int = 0, grid: int
     for split, n, s in (("train", n_train, seed + 1), ("test", n_test, 12345)):
         sp = getattr(ds, split)
         idx = _pick(len(sp.labels), n, s)
-        tokens = visual_tokens(sp.images[idx], grid=grid, cache_dir=cache_dir, progress=progress)  # only what is used
+        tokens, key = visual_tokens(sp.images[idx], grid=grid, cache_dir=cache_dir, progress=progress,
+                                    return_key=True)  # only the images used
         out[split] = QASet(f"{name}/{split}", [tmpl.question] * len(idx),
                            [tmpl.render(int(sp.labels[i]), names) for i in idx], [options] * len(idx),
-                           np.arange(len(idx), dtype=np.int64), tokens)
+                           np.arange(len(idx), dtype=np.int64), tokens, source=key)
     return Task(name, out["train"], out["test"])
 
 
@@ -148,9 +150,9 @@ def _easy_vqa_split(split: str, n: int, seed: int, grid: int, cache_dir, progres
     row = {img: r for r, img in enumerate(used)}
     images = np.stack([np.asarray(Image.open(paths[i]).convert("RGB")) for i in used])   # (N, 64, 64, 3)
     options = tuple(easy_vqa.get_answers())
-    tokens = visual_tokens(images, grid=grid, cache_dir=cache_dir, progress=progress)
+    tokens, key = visual_tokens(images, grid=grid, cache_dir=cache_dir, progress=progress, return_key=True)
     return QASet(f"easy_vqa/{split}", [qs[i] for i in pick], [ans[i] for i in pick], [options] * len(pick),
-                 np.array([row[img_ids[i]] for i in pick], dtype=np.int64), tokens)
+                 np.array([row[img_ids[i]] for i in pick], dtype=np.int64), tokens, source=key)
 
 
 def easy_vqa(*, n_train: int, n_test: int, seed: int = 0, grid: int = 2, cache_dir=None,

@@ -665,26 +665,10 @@ def layer_profile(scores: Mapping[str, Tensor], name: str, frozen: Tensor | None
 
 # --- ablation results (notebook 04) ----------------------------------------------------------------
 def load_run(run_dir) -> dict:
-    """Tables (``results``, ``continual``, ``continual_summary``, ``overlap``, ``upstream_before``) and
-    ``config`` of a saved ``lab aware ablate`` run directory (``'latest'``: the newest one)."""
-    import pandas as pd
+    """A saved ``lab aware ablate`` run (``'latest'``: the newest): see :func:`lab.aware.results.load_run`."""
+    from lab.aware.results import load_run as _load
 
-    if str(run_dir) == "latest":   # the newest finished `lab aware ablate` run under the runs root
-        from lab.runs import runs_root
-
-        found = sorted(p.parent for p in (runs_root() / "aware").glob("*-ablate-*/config.json"))
-        if not found:
-            raise FileNotFoundError(f"no finished `lab aware ablate` run under {runs_root() / 'aware'}")
-        run_dir = found[-1]
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.json").exists():
-        raise FileNotFoundError(f"{run_dir} is not an AWARe ablation run (no config.json); "
-                                f"runs are written under runs/aware/ by `lab aware ablate`")
-    out: dict = {"run_dir": run_dir, "config": json.loads((run_dir / "config.json").read_text())}
-    for name in ("results", "continual", "continual_summary", "overlap", "upstream_before"):
-        pq, csv = run_dir / f"{name}.parquet", run_dir / f"{name}.csv"
-        out[name] = pd.read_parquet(pq) if pq.exists() else pd.read_csv(csv) if csv.exists() else pd.DataFrame()
-    return out
+    return _load(run_dir)
 
 
 def sweep_size(base: str = "default", *, n_align=None, align=None, **kw):

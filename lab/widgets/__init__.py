@@ -15,6 +15,9 @@ Under papermill a panel executes once with its defaults (the offline HTML shows 
   projection, CKA with the other stages (notebook 01).
 * :class:`~lab.widgets.tosca.ToscaPanel` — L1 slider / epochs / routing picker re-training TOSCA
   on cached features: accuracy, gate sparsity, task overlap (notebook 02).
+* :class:`~lab.widgets.aware.MaskPanel` — rho / rule / calibration set / target pickers re-running
+  AWARe's masking rule on stored saliency (notebook 03).
+* :class:`~lab.widgets.aware.AblationPanel` — browse an ablation results table (notebook 04).
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import time
 from importlib import import_module
 from typing import Any
 
-_LAZY = {"StagePanel": "ventral", "ToscaPanel": "tosca"}
+_LAZY = {"StagePanel": "ventral", "ToscaPanel": "tosca", "MaskPanel": "aware", "AblationPanel": "aware"}
 __all__ = ["Panel", *_LAZY]
 
 
