@@ -92,3 +92,19 @@ def test_cli_help_and_early_errors(capsys):
     assert "rho" in capsys.readouterr().err
     assert main(["aware", "profile", "--n", "0"]) == 2
     assert "empty" in capsys.readouterr().err
+
+
+def test_methods_filter_keeps_full_and_aware_and_rejects_unknown_names():
+    from dataclasses import replace
+
+    size = replace(ablate.SIZES["smoke"], methods=("lora",))
+    labels = [v.label for v in ablate.variants(size) if v.group == "methods"]
+    assert labels == ["full", "lora", "aware"]          # E needs full; aware is the reference
+    with pytest.raises(ValueError, match="unknown methods"):
+        ablate.variants(replace(size, methods=("lora", "qlora")))
+
+
+def test_sweep_on_a_task_the_context_lacks_fails_before_training(ctx, tmp_path):
+    with pytest.raises(ValueError, match="no downstream task"):
+        ablate.sweep(ctx, task="not-built", groups=("methods",), run_dir=tmp_path, progress=False)
+    assert not any(tmp_path.iterdir())

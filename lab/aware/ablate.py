@@ -41,6 +41,7 @@ class Size:
     n_train: int = 1000            # downstream train pool per task
     n_eval: int = 100              # downstream test questions per task (fixed subset)
     train: TrainConfig = TrainConfig(steps=24, batch_size=8)
+    methods: tuple[str, ...] = ("zero-shot", "full", "lora", "dora", "aware")  # full and aware always run
     rules: tuple[str, ...] = ("activation-balanced", "weight-norm", "random")   # vs activation-global
     n_calib: int = 200
     calib_sizes: tuple[int, ...] = (16, 64)
@@ -78,7 +79,11 @@ class Variant:
 
 def variants(size: Size) -> list[Variant]:
     """The sweep, main AWARe first after the baselines (it is shared by every ablation group)."""
-    out = [Variant("methods", m, MethodSpec(m, MAIN)) for m in ("zero-shot", "full", "lora", "dora")]
+    unknown = set(size.methods) - {"zero-shot", "full", "lora", "dora", "aware"}
+    if unknown:
+        raise ValueError(f"unknown methods {sorted(unknown)}; choose from zero-shot, full, lora, dora, aware")
+    out = [Variant("methods", m, MethodSpec(m, MAIN)) for m in ("zero-shot", "full", "lora", "dora")
+           if m in size.methods or m == "full"]          # E is relative to full fine-tuning
     out.append(Variant("methods", "aware", MethodSpec("aware", MAIN)))
     for rule in size.rules:
         out.append(Variant("rule", rule, MethodSpec("aware", replace(MAIN, rule=rule))))
@@ -179,9 +184,11 @@ def _save_masks(run_dir: Path, label: str, masks: dict) -> None:
                  {n: m.to(torch.uint8) for n, m in masks.items()}, {"layers": json.dumps(list(masks))})
 
 
-def setup(size: Size, *, progress: bool = True, cache_dir=None, device: str | None = None) -> Context:
+def setup(size: Size, *, progress: bool = True, cache_dir=None, device: str | None = None,
+          tasks_needed: tuple[str, ...] | None = None) -> Context:
     """Build (or load from cache) the aligned mini-LLaVA, the tasks and the calibration sets.
-    ``device``: where the model runs (default: CUDA when available, else CPU)."""
+    ``device``: where the model runs (default: CUDA when available, else CPU). ``tasks_needed``:
+    the downstream tasks to build (default: all; each costs a visual-token pass when not cached)."""
     from lab.aware import tasks
     from lab.aware.upstream import build_base
 
@@ -191,7 +198,11 @@ def setup(size: Size, *, progress: bool = True, cache_dir=None, device: str | No
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     base, enc, info = build_base(easy, size.align, grid=size.grid, cache_dir=cache_dir, progress=progress,
                                  device=device)
-    down = {t: tasks.downstream(t, n_train=size.n_train, n_test=size.n_eval, **kw) for t in tasks.DOWNSTREAM}
+    wanted = tasks.DOWNSTREAM if tasks_needed is None else tuple(dict.fromkeys(tasks_needed))
+    unknown = set(wanted) - set(tasks.DOWNSTREAM)
+    if unknown:
+        raise ValueError(f"unknown downstream tasks {sorted(unknown)}; choose from {list(tasks.DOWNSTREAM)}")
+    down = {t: tasks.downstream(t, n_train=size.n_train, n_test=size.n_eval, **kw) for t in wanted}
     probe = tasks.probe()
     probe.test = probe.test.subset(range(min(size.n_probe, len(probe.test))))
     ctx = Context(base, enc, easy, probe, down, size, info={"align": info})
@@ -230,6 +241,10 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
     seeds = tuple(size.seeds if seeds is None else seeds)
     order = tuple(continual_order or ORDER)
     chosen = [v for v in variants(size) if groups is None or v.group in groups or v.label in ("full", "aware")]
+    needed = {task, *(order if size.continual_methods and (groups is None or "continual" in groups) else ())}
+    if needed - set(ctx.down):
+        raise ValueError(f"this context has no downstream task {sorted(needed - set(ctx.down))}; "
+                         f"build it with setup(..., tasks_needed=...) (it has {sorted(ctx.down)})")
     run_dir = Path(run_dir) if run_dir else runs.new_run_dir("aware", f"ablate-{task}")
     timings, t_start = {"setup_s": ctx.info.get("setup_s", 0.0)}, time.perf_counter()
 

@@ -39,16 +39,19 @@ _RULE_SHORT = {"activation-global": "global", "activation-balanced": "balanced"}
 
 
 # --- building the context ----------------------------------------------------------------------
-def setup(size, *, tiny: bool = False, downstream: bool = True, cache_dir=None, progress: bool = True):
+def setup(size, *, tiny: bool = False, downstream: bool = True, cache_dir=None, progress: bool = True,
+          tasks=None):
     """An :class:`lab.aware.ablate.Context` for ``size`` (a ``Size`` or preset name).
 
     ``tiny=False`` is exactly :func:`lab.aware.ablate.setup` (SmolLM2 + the cached aligned projector)
     when ``downstream`` is True. ``tiny=True`` swaps in a randomly initialised 2-layer Llama with a
     word-level tokenizer over every word the tasks use (seconds; numbers are meaningless, code paths
     are the real ones) and sets torch to one thread. ``downstream=False`` leaves ``ctx.down`` empty
-    (saliency only)."""
+    (saliency only); ``tasks`` limits the downstream tasks built (default: all), see
+    :func:`tasks_for`."""
     import time
 
+    wanted_tasks = tasks
     from lab.aware import ablate, tasks
     from lab.aware.upstream import build_base
 
@@ -58,12 +61,14 @@ def setup(size, *, tiny: bool = False, downstream: bool = True, cache_dir=None, 
         # (smoke runs measured 2-3x slower with 2 threads under load)
         torch.set_num_threads(1)
     if not tiny and downstream:
-        return ablate.setup(size, progress=progress, cache_dir=cache_dir)
+        return ablate.setup(size, progress=progress, cache_dir=cache_dir,
+                            tasks_needed=None if wanted_tasks is None else tuple(wanted_tasks))
     t0 = time.perf_counter()
     kw = dict(grid=size.grid, cache_dir=cache_dir, progress=progress)
     easy = tasks.easy_vqa(n_train=size.n_align, n_test=size.n_easy_eval, **kw)
+    wanted = tasks.DOWNSTREAM if wanted_tasks is None else tuple(dict.fromkeys(wanted_tasks))
     down = {t: tasks.downstream(t, n_train=size.n_train, n_test=size.n_eval, **kw)
-            for t in tasks.DOWNSTREAM} if downstream else {}
+            for t in wanted} if downstream else {}
     probe = tasks.probe()
     probe.test = probe.test.subset(range(min(size.n_probe, len(probe.test))))
     proxy = tasks.calibration("proxy", size.n_calib, **kw)
@@ -823,6 +828,13 @@ def findings(results) -> dict:
         out["best_rho"] = float(best.variant.replace("rho=", ""))
         out["best_rho_H"] = float(best.H)
     return out
+
+
+def tasks_for(groups, task: str) -> tuple[str, ...]:
+    """The downstream tasks a sweep of ``groups`` on ``task`` needs (the continual sequence needs all)."""
+    from lab.aware.continual import ORDER
+
+    return tuple(dict.fromkeys([task, *(ORDER if groups is None or "continual" in groups else ())]))
 
 
 def run_sweep(ctx, *, groups=None, seeds=None, task: str = "fashion", run_dir=None, progress: bool = True) -> dict:
