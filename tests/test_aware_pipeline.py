@@ -200,3 +200,14 @@ def test_projector_cache_key_is_identity_not_float_values():
     other_answers = replace(qa, answers=list(reversed(qa.answers)))
     assert _key(AlignConfig(), "smollm2", Task("easy_vqa", other_answers, qa), 2) != key
     assert _key(AlignConfig(steps=301), "smollm2", Task("easy_vqa", qa, qa), 2) != key
+
+
+def test_aware_can_have_its_own_language_model_lr(tok):
+    spec = MethodSpec("aware", AwareConfig(rule="weight-norm"))
+    lrs = lambda cfg: sorted(g["lr"] for g in prepare(tiny_minillava(tok, 8), spec, cfg)[1])  # noqa: E731
+    assert lrs(TrainConfig(lr=2e-5, lr_projector=1e-3)) == [2e-5, 1e-3]
+    assert lrs(TrainConfig(lr=2e-5, lr_projector=1e-3, lr_aware=3e-4)) == [3e-4, 1e-3]
+    full = prepare(tiny_minillava(tok, 8), MethodSpec("full"), TrainConfig(lr=2e-5, lr_aware=3e-4))[1]
+    assert sorted(g["lr"] for g in full) == [2e-5, 1e-3]          # full fine-tuning keeps --lr
+    with pytest.raises(ValueError, match="learning rates"):
+        TrainConfig(lr_aware=0.0)

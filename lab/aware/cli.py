@@ -12,12 +12,14 @@ def register(subparsers) -> None:
 
     def common(q):
         q.add_argument("--size", default="default", choices=["smoke", "default", "large"],
-                       help="data/steps preset (smoke: seconds-scale check; default: ~15 min sweep on 2 CPU cores)")
+                       help="data/steps preset (smoke: seconds-scale check; default: ~22 min per seed on 2 idle CPU cores)")
         q.add_argument("--cache-dir", default=None, help="cache root (default $LAB_CACHE_DIR or ~/.cache/continual-lab)")
         q.add_argument("--quiet", action="store_true", help="no progress bars")
         q.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
         q.add_argument("--steps", type=int, default=None, help="training steps per run (default: the preset's)")
         q.add_argument("--lr", type=float, default=None, help="language-model lr for full/AWARe (default 2e-5)")
+        q.add_argument("--lr-aware", type=float, default=None,
+                       help="AWARe's own language-model lr (default: the same as --lr, as in the reference)")
         q.add_argument("--lr-projector", type=float, default=None, help="projector lr (default 1e-3)")
         q.add_argument("--lr-adapter", type=float, default=None, help="LoRA/DoRA lr (default 3e-4)")
 
@@ -70,7 +72,7 @@ def _size(args):
     from lab.aware.ablate import SIZES
 
     size = SIZES[args.size]
-    over = {k: getattr(args, k) for k in ("steps", "lr", "lr_projector", "lr_adapter") if getattr(args, k) is not None}
+    over = {k: getattr(args, k) for k in ("steps", "lr", "lr_aware", "lr_projector", "lr_adapter") if getattr(args, k) is not None}
     return replace(size, train=replace(size.train, **over)) if over else size
 
 

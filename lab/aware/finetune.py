@@ -47,6 +47,7 @@ class TrainConfig:
     lr: float = 2e-5             # language-model weights (full, AWARe), as the reference
     lr_projector: float = 1e-3   # mm_projector (full, AWARe); the projector-alignment lr
     lr_adapter: float = 3e-4     # LoRA / DoRA matrices (1e-3 destroyed upstream skills in 24 steps)
+    lr_aware: float | None = None  # AWARe's trainable LM rows; None: ``lr`` (the reference: same as full)
     weight_decay: float = 0.0
     warmup: float = 0.03
     max_grad_norm: float = 1.0
@@ -55,7 +56,7 @@ class TrainConfig:
     def __post_init__(self):
         if self.steps < 0 or self.batch_size < 1:
             raise ValueError("steps must be >= 0 and batch_size >= 1")
-        if min(self.lr, self.lr_projector, self.lr_adapter) <= 0 or self.weight_decay < 0:
+        if min(self.lr, self.lr_projector, self.lr_adapter, self.lr if self.lr_aware is None else self.lr_aware) <= 0 or self.weight_decay < 0:
             raise ValueError("learning rates must be > 0 and weight_decay >= 0")
         if not 0 <= self.warmup < 1:
             raise ValueError("warmup is a fraction of the steps in [0, 1)")
@@ -130,7 +131,7 @@ def prepare(model: nn.Module, spec: MethodSpec, cfg: TrainConfig, *,
         masks = select(scores, spec.aware.rho, spec.aware.rule, weights=layers, seed=spec.aware.seed)
         apply(model, masks)
         info["masks"] = masks
-        groups = _groups(model, cfg.lr, cfg.lr_projector)
+        groups = _groups(model, cfg.lr if cfg.lr_aware is None else cfg.lr_aware, cfg.lr_projector)
     elif spec.method in ("lora", "dora"):
         from peft import LoraConfig, get_peft_model
 

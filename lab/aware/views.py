@@ -683,7 +683,7 @@ def sweep_size(base: str = "default", *, n_align=None, align=None, **kw):
     from lab.aware import ablate
 
     size = ablate.SIZES[base]
-    train_kw = {k: kw.pop(k) for k in ("steps", "batch_size", "lr", "lr_projector", "lr_adapter") if k in kw}
+    train_kw = {k: kw.pop(k) for k in ("steps", "batch_size", "lr", "lr_aware", "lr_projector", "lr_adapter") if k in kw}
     size = replace(size, train=replace(size.train, **train_kw), **kw)
     if n_align is not None:
         size = replace(size, n_align=n_align)
