@@ -68,6 +68,16 @@ SIZES = {
                   exact=True),
 }
 MAIN = AwareConfig(rho=0.3, rule="activation-global", targets="qkv+projector")
+METHODS = ("zero-shot", "full", "lora", "dora", "aware")
+
+
+def tasks_for(groups, task: str, order: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The downstream tasks a sweep of ``groups`` (None: all) on ``task`` needs: the continual
+    sequence needs every task of its ``order``."""
+    from lab.aware.continual import ORDER
+
+    seq = tuple(order or ORDER) if groups is None or "continual" in groups else ()
+    return tuple(dict.fromkeys([task, *seq]))
 
 
 @dataclass(frozen=True)
@@ -81,10 +91,10 @@ class Variant:
 
 def variants(size: Size) -> list[Variant]:
     """The sweep, main AWARe first after the baselines (it is shared by every ablation group)."""
-    unknown = set(size.methods) - {"zero-shot", "full", "lora", "dora", "aware"}
+    unknown = set(size.methods) - set(METHODS)
     if unknown:
-        raise ValueError(f"unknown methods {sorted(unknown)}; choose from zero-shot, full, lora, dora, aware")
-    out = [Variant("methods", m, MethodSpec(m, MAIN)) for m in ("zero-shot", "full", "lora", "dora")
+        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(METHODS)}")
+    out = [Variant("methods", m, MethodSpec(m, MAIN)) for m in METHODS[:-1]
            if m in size.methods or m == "full"]          # E is relative to full fine-tuning
     out.append(Variant("methods", "aware", MethodSpec("aware", MAIN)))
     for rule in size.rules:
@@ -243,7 +253,7 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
     seeds = tuple(size.seeds if seeds is None else seeds)
     order = tuple(continual_order or ORDER)
     chosen = [v for v in variants(size) if groups is None or v.group in groups or v.label in ("full", "aware")]
-    needed = {task, *(order if size.continual_methods and (groups is None or "continual" in groups) else ())}
+    needed = set(tasks_for(groups if size.continual_methods else (), task, order))
     if needed - set(ctx.down):
         raise ValueError(f"this context has no downstream task {sorted(needed - set(ctx.down))}; "
                          f"build it with setup(..., tasks_needed=...) (it has {sorted(ctx.down)})")

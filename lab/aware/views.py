@@ -831,10 +831,10 @@ def findings(results) -> dict:
 
 
 def tasks_for(groups, task: str) -> tuple[str, ...]:
-    """The downstream tasks a sweep of ``groups`` on ``task`` needs (the continual sequence needs all)."""
-    from lab.aware.continual import ORDER
+    """The downstream tasks a sweep of ``groups`` on ``task`` needs: :func:`lab.aware.ablate.tasks_for`."""
+    from lab.aware import ablate
 
-    return tuple(dict.fromkeys([task, *(ORDER if groups is None or "continual" in groups else ())]))
+    return ablate.tasks_for(groups, task)
 
 
 def run_sweep(ctx, *, groups=None, seeds=None, task: str = "fashion", run_dir=None, progress: bool = True) -> dict:
