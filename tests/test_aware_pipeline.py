@@ -205,7 +205,8 @@ def test_projector_cache_key_is_identity_not_float_values():
 def test_aware_can_have_its_own_language_model_lr(tok):
     spec = MethodSpec("aware", AwareConfig(rule="weight-norm"))
     lrs = lambda cfg: sorted(g["lr"] for g in prepare(tiny_minillava(tok, 8), spec, cfg)[1])  # noqa: E731
-    assert lrs(TrainConfig(lr=2e-5, lr_projector=1e-3)) == [2e-5, 1e-3]
+    assert lrs(TrainConfig(lr=2e-5, lr_projector=1e-3, lr_aware=None)) == [2e-5, 1e-3]   # the reference
+    assert lrs(TrainConfig(lr=2e-5, lr_projector=1e-3)) == [3e-4, 1e-3]                 # chosen on validation
     assert lrs(TrainConfig(lr=2e-5, lr_projector=1e-3, lr_aware=3e-4)) == [3e-4, 1e-3]
     full = prepare(tiny_minillava(tok, 8), MethodSpec("full"), TrainConfig(lr=2e-5, lr_aware=3e-4))[1]
     assert sorted(g["lr"] for g in full) == [2e-5, 1e-3]          # full fine-tuning keeps --lr

@@ -51,6 +51,7 @@ class Size:
     seeds: tuple[int, ...] = (0,)
     continual_steps: int = 16      # training steps per continual stage
     n_continual_eval: int = 60
+    continual_calib: int = 64      # upstream calibration samples AWARe re-profiles on before each stage
     continual_methods: tuple[str, ...] = ("full", "aware")
     exact: bool = False            # greedy exact match on the probe after every run (slower)
     grid: int = 2                  # visual tokens per side
@@ -136,7 +137,7 @@ def upstream(model, ctx: Context, *, exact: bool | None = None) -> dict:
     from lab.aware.upstream import upstream_skills
 
     return upstream_skills(model, ctx.enc, ctx.easy, ctx.probe, batch_size=ctx.size.eval_batch,
-                           exact=ctx.size.exact if exact is None else exact)
+                           exact=ctx.size.exact if exact is None else exact)   # probe None: easy-VQA only
 
 
 def run_variant(ctx: Context, v: Variant, task: str, seed: int, progress: bool, *,
@@ -160,7 +161,7 @@ def run_variant(ctx: Context, v: Variant, task: str, seed: int, progress: bool, 
            "calib_n": (v.calib_n or ctx.size.n_calib) if spec.method == "aware" else 0,
            "downstream": down, **{f"up_{k}": up[k] for k in up},
            "R_easy_vqa": M.retention(ctx.before["easy_vqa"], up["easy_vqa"]),
-           "R_probe": M.retention(ctx.before["probe"], up["probe"]),
+           "R_probe": M.retention(ctx.before["probe"], up["probe"]) if "probe" in up else np.nan,
            "R": M.mean_retention({k: ctx.before[k] for k in skills}, {k: up[k] for k in skills}),
            "trainable": info["trainable"], "trainable_frac": info["trainable"] / info["total"],
            "lora_rank": info.get("lora_rank", 0), "steps": len(log["losses"]),

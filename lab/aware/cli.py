@@ -1,4 +1,4 @@
-"""``lab aware profile | finetune | ablate`` (registered into ``lab``'s CLI; imports are lazy)."""
+"""``lab aware profile | finetune | tune | ablate`` (registered into ``lab``'s CLI; imports are lazy)."""
 from __future__ import annotations
 
 _GROUPS = ("methods", "rule", "rho", "targets", "calibration", "calib_size", "continual")
@@ -17,11 +17,12 @@ def register(subparsers) -> None:
         q.add_argument("--quiet", action="store_true", help="no progress bars")
         q.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
         q.add_argument("--steps", type=int, default=None, help="training steps per run (default: the preset's)")
-        q.add_argument("--lr", type=float, default=None, help="language-model lr for full/AWARe (default 2e-5)")
+        q.add_argument("--lr", type=float, default=None, help="language-model lr of full fine-tuning (default 2e-5)")
         q.add_argument("--lr-aware", type=float, default=None,
-                       help="AWARe's own language-model lr (default: the same as --lr, as in the reference)")
+                       help="AWARe's language-model lr (default 3e-4, chosen by `lab aware tune`; "
+                            "the reference uses the same lr as full fine-tuning: pass --lr-aware 2e-5)")
         q.add_argument("--lr-projector", type=float, default=None, help="projector lr (default 1e-3)")
-        q.add_argument("--lr-adapter", type=float, default=None, help="LoRA/DoRA lr (default 3e-4)")
+        q.add_argument("--lr-adapter", type=float, default=None, help="LoRA/DoRA lr (default 1e-4, chosen by `lab aware tune`)")
 
     q = sub.add_parser("profile", help="saliency of every target neuron on a calibration set (safetensors)")
     common(q)
@@ -53,6 +54,18 @@ def register(subparsers) -> None:
     q.add_argument("--task", default="fashion", choices=["fashion", "digits", "even"])
     q.add_argument("--run-dir", default=None, help="output folder (default: a new unique runs/aware/... folder)")
     q.set_defaults(func=cmd_ablate)
+    q = sub.add_parser("tune", help="choose each method's learning rate on held-out validation questions; print the flags",
+                       description="Fine-tune full / LoRA / AWARe at each candidate lr on the sweep's train pool and score "
+                                   "on validation questions (train-split questions the sweep never tests on). Full "
+                                   "fine-tuning: best validation downstream accuracy; the others: best validation H.")
+    common(q)
+    q.add_argument("--task", default="fashion", choices=["fashion", "digits", "even"])
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--n-val", type=int, default=100, help="validation questions per set (default 100)")
+    q.add_argument("--grid", nargs="+", default=None, metavar="METHOD=LR,LR",
+                   help="candidate lrs, e.g. full=1e-5,2e-5 aware=1e-4,3e-4 (default: lab.aware.tune.GRIDS)")
+    q.add_argument("--run-dir", default=None, help="output folder (default: a new unique runs/aware/... folder)")
+    q.set_defaults(func=cmd_tune)
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
 
 
@@ -171,4 +184,41 @@ def cmd_ablate(args) -> int:
             print("\nmask overlap (rho=0.3, q/k/v+projector):")
             print(out["overlap"].to_string(index=False))
     print(f"\nwall time {out['timings']['total_s']:.0f}s; tables in {out['run_dir']}")
+    return 0
+
+
+def _grids(specs) -> dict | None:
+    """``["full=1e-5,2e-5", "aware=3e-4"]`` -> ``{"full": (1e-5, 2e-5), "aware": (3e-4,)}``."""
+    if not specs:
+        return None
+    out = {}
+    for spec in specs:
+        method, sep, values = spec.partition("=")
+        try:
+            out[method] = tuple(float(v) for v in values.split(",") if v)
+        except ValueError:
+            raise ValueError(f"--grid {spec!r}: learning rates must be numbers, e.g. aware=1e-4,3e-4") from None
+        if not sep:
+            raise ValueError(f"--grid {spec!r}: write METHOD=LR,LR, e.g. aware=1e-4,3e-4")
+    return out
+
+
+def cmd_tune(args) -> int:
+    from lab.aware.ablate import setup
+    from lab.aware.tune import GRIDS, check_grids, flags, tune
+
+    grids = check_grids(_grids(args.grid) or GRIDS)     # bad grids fail here, before any model is loaded
+    if args.n_val < 1:
+        raise ValueError(f"the validation set is empty (--n-val {args.n_val})")
+    size = _size(args)
+    _threads()
+    ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device, tasks_needed=(args.task,))
+    out = tune(ctx, task=args.task, grids=grids, seed=args.seed, n_val=args.n_val, run_dir=args.run_dir,
+               cache_dir=args.cache_dir, progress=not args.quiet)
+    import pandas as pd
+
+    with pd.option_context("display.width", 160, "display.precision", 3):
+        print(f"\nvalidation easy-VQA before fine-tuning: {out['before']['easy_vqa']:.3f}")
+        print(out["table"].to_string(index=False))
+    print(f"\nchosen: {flags(out['chosen'])}\ntables in {out['run_dir']}")
     return 0

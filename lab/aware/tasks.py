@@ -135,6 +135,36 @@ def downstream(name: str, *, n_train: int, n_test: int, seed: int = 0, grid: int
     return Task(name, out["train"], out["test"])
 
 
+def validation_index(n_total: int, n_train: int, n: int, seed: int = 0) -> np.ndarray:
+    """Rows of a train split for validation: ``n`` of those :func:`downstream`'s training pool
+    (``n_train`` rows, same ``seed``) leaves out."""
+    rest = np.setdiff1d(np.arange(n_total), _pick(n_total, n_train, seed + 1))
+    if len(rest) == 0:
+        raise ValueError(f"the training pool ({n_train}) uses the whole train split; nothing left to validate on")
+    return rest[_pick(len(rest), n, seed + 2)]
+
+
+def downstream_validation(name: str, *, n: int, n_train: int, seed: int = 0, grid: int = 2,
+                          cache_dir=None, progress: bool = True) -> QASet:
+    """``n`` validation questions of a downstream task: from its *train* split, disjoint from the
+    training pool :func:`downstream` draws with the same ``n_train`` and ``seed`` (and from every
+    test question). Hyper-parameters are chosen on these, never on the test questions."""
+    if name not in TEMPLATES:
+        raise ValueError(f"unknown downstream task {name!r}; choose from {list(TEMPLATES)}")
+    if n < 1:
+        raise ValueError(f"the validation set is empty (n={n})")
+    from lab.aware.minillava import visual_tokens
+    from lab.data import load_dataset
+
+    dataset, tmpl, names = TEMPLATES[name]
+    sp = load_dataset(dataset).train
+    idx = validation_index(len(sp.labels), n_train, n, seed)
+    tokens, key = visual_tokens(sp.images[idx], grid=grid, cache_dir=cache_dir, progress=progress, return_key=True)
+    options = tuple(dict.fromkeys(tmpl.render(c, names) for c in range(len(names))))
+    return QASet(f"{name}/validation", [tmpl.question] * len(idx), [tmpl.render(int(sp.labels[i]), names) for i in idx],
+                 [options] * len(idx), np.arange(len(idx), dtype=np.int64), tokens, source=key)
+
+
 # --- upstream ----------------------------------------------------------------------------------
 def _easy_vqa_split(split: str, n: int, seed: int, grid: int, cache_dir, progress: bool) -> QASet:
     """``n`` questions of one split; visual tokens only for the images they ask about."""
@@ -160,6 +190,40 @@ def easy_vqa(*, n_train: int, n_test: int, seed: int = 0, grid: int = 2, cache_d
     """easy-VQA questions; ``n_train`` from the train split, ``n_test`` fixed from the test split."""
     return Task("easy_vqa", _easy_vqa_split("train", n_train, seed, grid, cache_dir, progress),
                 _easy_vqa_split("test", n_test, 7, grid, cache_dir, progress))
+
+
+def unseen_image_index(image_ids: Sequence[int], n_align: int, n: int, seed: int = 0) -> np.ndarray:
+    """``n`` question rows whose image none of the ``n_align`` alignment questions (picked as
+    :func:`easy_vqa` picks them, same ``seed``) shows."""
+    seen = {image_ids[i] for i in _pick(len(image_ids), n_align, seed)}
+    free = np.array([i for i in range(len(image_ids)) if image_ids[i] not in seen], dtype=np.int64)
+    if len(free) == 0:
+        raise ValueError(f"the {n_align} alignment questions show every train image; nothing left to validate on")
+    return free[_pick(len(free), n, seed + 3)]
+
+
+def easy_vqa_validation(*, n: int, n_align: int, seed: int = 0, grid: int = 2, cache_dir=None,
+                        progress: bool = True) -> QASet:
+    """``n`` easy-VQA validation questions: from the train split, about images that none of the
+    ``n_align`` alignment questions (:func:`easy_vqa` with the same ``seed``) shows — so neither
+    the question nor the image was seen upstream; the test questions stay untouched."""
+    import easy_vqa
+    from PIL import Image
+
+    from lab.aware.minillava import visual_tokens
+
+    if n < 1:
+        raise ValueError(f"the validation set is empty (n={n})")
+    qs, ans, img_ids = easy_vqa.get_train_questions()
+    pick = unseen_image_index(img_ids, n_align, n, seed)
+    used = sorted({img_ids[i] for i in pick})
+    row = {img: r for r, img in enumerate(used)}
+    paths = easy_vqa.get_train_image_paths()
+    images = np.stack([np.asarray(Image.open(paths[i]).convert("RGB")) for i in used])
+    tokens, key = visual_tokens(images, grid=grid, cache_dir=cache_dir, progress=progress, return_key=True)
+    return QASet("easy_vqa/validation", [qs[i] for i in pick], [ans[i] for i in pick],
+                 [tuple(easy_vqa.get_answers())] * len(pick), np.array([row[img_ids[i]] for i in pick], dtype=np.int64),
+                 tokens, source=key)
 
 
 def probe(path: str | Path = PROBE_FILE) -> Task:

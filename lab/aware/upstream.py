@@ -101,10 +101,13 @@ def build_base(task: Task, align: AlignConfig = AlignConfig(), *, llm: str = SMO
     return model, enc, info
 
 
-def upstream_skills(model, enc: ChatEncoder, easy: Task, probe: Task, *, exact: bool = True,
+def upstream_skills(model, enc: ChatEncoder, easy: Task, probe: Task | None, *, exact: bool = True,
                     batch_size: int = 32) -> dict:
-    """easy-VQA accuracy and the text probe (MC accuracy and exact match) in one dict."""
+    """easy-VQA accuracy and the text probe (MC accuracy and exact match) in one dict; ``probe=None``:
+    easy-VQA only."""
     e = evaluate(model, easy.test, enc, batch_size=batch_size)
+    if probe is None:
+        return {"easy_vqa": e["acc"]}
     p = evaluate(model, probe.test, enc, batch_size=batch_size, exact=exact)
     out = {"easy_vqa": e["acc"], "probe": p["acc"]}
     if exact:

@@ -678,12 +678,13 @@ def load_run(run_dir) -> dict:
 
 def sweep_size(base: str = "default", *, n_align=None, align=None, **kw):
     """A :class:`lab.aware.ablate.Size` from a preset with some fields replaced; ``steps`` /
-    ``batch_size`` / ``lr`` go to its ``TrainConfig``. Keep ``n_align``/``align`` at the preset's to
-    reuse the cached aligned projector."""
+    ``batch_size`` / ``lr*`` go to its ``TrainConfig`` (``None`` keeps the preset's). Keep
+    ``n_align``/``align`` at the preset's to reuse the cached aligned projector."""
     from lab.aware import ablate
 
     size = ablate.SIZES[base]
     train_kw = {k: kw.pop(k) for k in ("steps", "batch_size", "lr", "lr_aware", "lr_projector", "lr_adapter") if k in kw}
+    train_kw = {k: v for k, v in train_kw.items() if v is not None}       # None: the preset's
     size = replace(size, train=replace(size.train, **train_kw), **kw)
     if n_align is not None:
         size = replace(size, n_align=n_align)

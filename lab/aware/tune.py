@@ -1,0 +1,128 @@
+"""Learning rates chosen on validation questions, never on the test questions a sweep reports.
+
+Each method trains a different set of weights, so one learning rate does not fit all: at the
+reference's 2e-5 the ~9 % of q/k/v rows AWARe trains barely move in a few dozen steps, while full
+fine-tuning at 1e-4 collapses. :func:`tune` picks each method's rate the way a careful paper would:
+
+1. **Held-out questions.** Downstream: ``n_val`` questions from the task's *train* split, disjoint
+   from the training pool (:func:`lab.aware.tasks.downstream_validation`). Upstream: ``n_val``
+   easy-VQA train questions about images the projector was never aligned on
+   (:func:`lab.aware.tasks.easy_vqa_validation`). The text probe stays wholly held out for testing,
+   so validation R is easy-VQA retention alone.
+2. **Full fine-tuning first**: its language-model lr with the best validation downstream accuracy —
+   it is the reference E is measured against, so it should learn as well as it can.
+3. **Every other method**: the lr with the best validation H (E against step 2's choice), i.e. the
+   rate that best balances keeping and learning. Ties go to the smaller lr.
+
+Every candidate is one run of the sweep's own harness (:func:`lab.aware.ablate.run_variant`) at the
+sweep's steps and batch, with one seed. ``lab aware tune`` runs it and prints the flags to use.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+
+from lab.aware import metrics as M
+
+# which TrainConfig field is each method's own language-model (or adapter) learning rate
+LR_FIELD = {"full": "lr", "lora": "lr_adapter", "dora": "lr_adapter", "aware": "lr_aware"}
+GRIDS = {"full": (1e-5, 2e-5, 5e-5), "lora": (1e-4, 3e-4, 1e-3), "aware": (2e-5, 1e-4, 3e-4, 1e-3)}
+
+
+def check_grids(grids: dict) -> dict:
+    """``{method: (lr, ...)}`` with full fine-tuning included and every lr > 0 (checked before work)."""
+    unknown = set(grids) - set(LR_FIELD)
+    if unknown:
+        raise ValueError(f"cannot tune {sorted(unknown)}; tunable methods: {list(LR_FIELD)}")
+    if "full" not in grids:
+        raise ValueError("the grids must include 'full': E of every other method is relative to it")
+    for m, lrs in grids.items():
+        if not lrs or any(not isinstance(x, (int, float)) or not x > 0 for x in lrs):
+            raise ValueError(f"{m}: learning rates must be a non-empty list of numbers > 0, got {lrs!r}")
+    return {m: tuple(float(x) for x in lrs) for m, lrs in grids.items()}
+
+
+def validation_context(ctx, task: str, n_val: int, *, cache_dir=None, progress: bool = True):
+    """A copy of the sweep's :class:`~lab.aware.ablate.Context` whose evaluation sets are the
+    validation questions (train pool, calibration sets and saliency shared with ``ctx``)."""
+    from lab.aware import tasks
+    from lab.aware.tasks import Task
+
+    size = ctx.size
+    kw = dict(grid=size.grid, cache_dir=cache_dir, progress=progress)
+    easy_val = tasks.easy_vqa_validation(n=n_val, n_align=size.n_align, **kw)
+    down_val = tasks.downstream_validation(task, n=n_val, n_train=size.n_train, **kw)
+    return replace(ctx, easy=Task("easy_vqa", ctx.easy.train, easy_val), probe=None,
+                   down={task: Task(task, ctx.down[task].train, down_val)}, before={})
+
+
+def choose(rows: list[dict]) -> dict[str, float]:
+    """The protocol's choice from candidate rows ``{method, lr, downstream, H}`` (see module doc)."""
+    by = lambda m: [r for r in rows if r["method"] == m]  # noqa: E731
+    best = lambda rs, key: max(rs, key=lambda r: (np.nan_to_num(r[key], nan=-1.0), -r["lr"]))["lr"]  # noqa: E731
+    out = {"full": best(by("full"), "downstream")}
+    for m in dict.fromkeys(r["method"] for r in rows):
+        if m != "full":
+            out[m] = best(by(m), "H")
+    return out
+
+
+def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seed: int = 0, n_val: int = 100,
+         run_dir: str | Path | None = None, cache_dir=None, progress: bool = True) -> dict:
+    """Run every candidate lr on the validation questions; returns ``{'table', 'chosen', 'run_dir'}``.
+    ``ctx``: a prepared sweep context with ``task`` built (:func:`lab.aware.ablate.setup`)."""
+    import pandas as pd
+
+    from lab import runs
+    from lab._io import write_json, write_table
+    from lab.aware.ablate import MAIN, Variant, run_variant, upstream
+    from lab.aware.continual import calibration_batches
+    from lab.aware.finetune import MethodSpec
+    from lab.aware.saliency import profile
+
+    grids = check_grids(dict(GRIDS if grids is None else grids))
+    if task not in ctx.down:
+        raise ValueError(f"this context has no downstream task {task!r} (it has {sorted(ctx.down)})")
+    if n_val < 1:
+        raise ValueError(f"the validation set is empty (n_val={n_val})")
+    t_start = time.perf_counter()
+    run_dir = Path(run_dir) if run_dir else runs.new_run_dir("aware", f"tune-{task}")
+    val = validation_context(ctx, task, n_val, cache_dir=cache_dir, progress=progress)
+    val.before = upstream(val.base, val)
+    key = ("upstream", val.size.n_calib)
+    if "aware" in grids and key not in val.saliency:
+        val.saliency[key] = profile(val.base, calibration_batches(val.calib[key], val.enc),
+                                    targets=MAIN.targets, progress=progress)
+    rows = []
+    for method, lrs in grids.items():
+        for lr in lrs:
+            val.size = replace(ctx.size, train=replace(ctx.size.train, **{LR_FIELD[method]: lr}))
+            row, _ = run_variant(val, Variant("tune", f"{method}@{lr:g}", MethodSpec(method, MAIN)), task, seed, progress)
+            rows.append({"method": method, "lr": lr, **{k: row[k] for k in ("downstream", "up_easy_vqa", "R",
+                                                                             "trainable_frac", "train_s")}})
+            if progress:
+                print(f"  {method:<6} lr {lr:<8g} val downstream {row['downstream']:.3f}  val R {row['R']:.1f}", flush=True)
+    full = {r["lr"]: r["downstream"] for r in rows if r["method"] == "full"}
+    chosen_full = choose([r | {"H": np.nan} for r in rows if r["method"] == "full"])["full"]
+    for r in rows:
+        r["E"] = M.efficiency(r["downstream"], full[chosen_full])
+        r["H"] = M.h_score(r["R"], r["E"])
+    chosen = choose(rows)
+    table = pd.DataFrame(rows)
+    table["chosen"] = [chosen.get(m) == lr for m, lr in zip(table.method, table.lr)]
+    write_table(run_dir / "tune", table)
+    write_json(run_dir / "config.json", {"task": task, "seed": seed, "n_val": n_val, "grids": grids,
+                                         "chosen": chosen, "before_val": val.before,
+                                         "train": asdict(ctx.size.train), "seconds": time.perf_counter() - t_start,
+                                         "versions": runs.versions()})
+    return {"table": table, "chosen": chosen, "before": val.before, "run_dir": run_dir}
+
+
+def flags(chosen: dict[str, float]) -> str:
+    """Command-line flags that apply ``chosen`` (DoRA shares LoRA's ``--lr-adapter``)."""
+    names = {"lr": "--lr", "lr_adapter": "--lr-adapter", "lr_aware": "--lr-aware"}
+    out = {names[LR_FIELD[m]]: lr for m, lr in chosen.items()}
+    return " ".join(f"{k} {v:g}" for k, v in out.items())
