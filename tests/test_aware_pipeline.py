@@ -212,3 +212,12 @@ def test_aware_can_have_its_own_language_model_lr(tok):
     assert sorted(g["lr"] for g in full) == [2e-5, 1e-3]          # full fine-tuning keeps --lr
     with pytest.raises(ValueError, match="learning rates"):
         TrainConfig(lr_aware=0.0)
+
+
+def test_unreachable_checkpoints_say_what_to_do(tmp_path):
+    from lab.aware.minillava import load_hub_llava, load_language_model
+
+    with pytest.raises(RuntimeError, match="packaged default"):
+        load_language_model(str(tmp_path))                 # an empty folder: no config.json
+    with pytest.raises(RuntimeError, match="mini-LLaVA"):
+        load_hub_llava(str(tmp_path))

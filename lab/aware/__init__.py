@@ -11,8 +11,9 @@ Generic core, usable on any torch model (a hub LLaVA as well as the offline mini
 
 One concept per file: ``targets`` (which layers), ``saliency`` (profiling), ``masking`` (the masking
 rule), ``freeze`` (row split / merge), ``metrics`` (R, E, H, continual), ``minillava`` (offline
-model), ``tasks`` (upstream / downstream data), ``finetune`` (one harness for all methods),
-``ablate`` (sweeps), ``cli`` (``lab aware ...``). Heavy imports happen on first use.
+model), ``tasks`` (upstream / downstream / validation data), ``finetune`` (one harness for all methods),
+``tune`` (learning rates on validation questions), ``ablate`` (sweeps), ``views`` /
+``ablation_views`` (notebook tables and figures), ``cli`` (``lab aware ...``). Heavy imports happen on first use.
 """
 from __future__ import annotations
 

@@ -59,12 +59,8 @@ def load_language_model(name: str = SMOLLM2, *, cache_dir=None, dtype=torch.floa
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name != SMOLLM2:
-        try:
-            return (AutoTokenizer.from_pretrained(name),
-                    AutoModelForCausalLM.from_pretrained(name, dtype=dtype))
-        except OSError as exc:
-            raise RuntimeError(f"cannot load {name!r} from the hub or disk ({exc}). Offline, use the "
-                               f"packaged default {SMOLLM2!r}.") from exc
+        return _from_hub(AutoTokenizer, AutoModelForCausalLM, name, dtype,
+                         f"Offline, use the packaged default {SMOLLM2!r}.")
     plain = cache_root(cache_dir) / "models" / SMOLLM2
     if (plain / "model.safetensors").exists() and (plain / "tokenizer_config.json").exists():
         return (AutoTokenizer.from_pretrained(plain),
@@ -82,12 +78,17 @@ def load_hub_llava(name: str = "llava-hf/llava-1.5-7b-hf", *, dtype=torch.bfloat
     the first time). Its projector is ``multi_modal_projector``, which the default targets include."""
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
+    return _from_hub(AutoProcessor, LlavaForConditionalGeneration, name, dtype,
+                     "It needs internet (or a local copy); offline, use the packaged mini-LLaVA: `lab aware ...`.")
+
+
+def _from_hub(preprocessor, model_class, name: str, dtype, hint: str):
+    """``(preprocessor, model)`` via ``from_pretrained``; an unreachable or missing checkpoint is a
+    clear error that says what to do instead."""
     try:
-        return (AutoProcessor.from_pretrained(name),
-                LlavaForConditionalGeneration.from_pretrained(name, dtype=dtype))
-    except OSError as exc:
-        raise RuntimeError(f"cannot load {name!r} ({exc}). It needs internet (or a local copy); "
-                           f"offline, use the packaged mini-LLaVA: `lab aware ...`.") from exc
+        return preprocessor.from_pretrained(name), model_class.from_pretrained(name, dtype=dtype)
+    except (OSError, ValueError) as exc:     # unreachable hub / no such folder / not a checkpoint
+        raise RuntimeError(f"cannot load {name!r} from the hub or disk ({exc}). {hint}") from exc
 
 
 def _drop_gguf_marker(model) -> None:

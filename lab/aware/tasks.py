@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 from torch import Tensor
 
 PROBE_FILE = Path(__file__).with_name("data") / "general_knowledge_probe.json"
