@@ -80,9 +80,13 @@ def test_tune_scores_on_validation_sets_and_never_on_test(monkeypatch, tmp_path)
         return v
 
     monkeypatch.setattr(tune, "validation_context", fake_validation)
-    out = tune.tune(ctx, grids={"full": (1e-5, 2e-5), "aware": (1e-4,)}, n_val=5, run_dir=tmp_path, progress=False)
-    t = out["table"]
+    out = tune.tune(ctx, grids={"full": (1e-5, 2e-5), "aware": (1e-4,)}, seeds=(0, 1), n_val=5, run_dir=tmp_path,
+                    progress=False)
+    t, runs = out["table"], out["runs"]
     assert list(zip(t.method, t.lr)) == [("full", 1e-5), ("full", 2e-5), ("aware", 1e-4)]
+    assert len(runs) == 6 and set(runs.seed) == {0, 1} and (t.seeds == 2).all()
+    mean = runs[(runs.method == "aware")].downstream.mean()                  # the choice sees seed means
+    assert t[t.method == "aware"].downstream.iloc[0] == pytest.approx(mean)
     assert t.chosen.sum() == 2 and set(out["chosen"]) == {"full", "aware"}
     assert set(out["before"]) == {"easy_vqa"}                             # the text probe stays held out
     assert ctx.before == {} and ctx.size == size                          # the sweep's context is untouched
@@ -90,4 +94,4 @@ def test_tune_scores_on_validation_sets_and_never_on_test(monkeypatch, tmp_path)
     full_chosen = t[(t.method == "full") & t.chosen].iloc[0]
     assert full_chosen.E == pytest.approx(100.0)
     cfg = json.loads((tmp_path / "config.json").read_text())
-    assert cfg["chosen"] == out["chosen"] and (tmp_path / "tune.parquet").exists()
+    assert cfg["chosen"] == out["chosen"] and cfg["seeds"] == [0, 1] and (tmp_path / "tune.parquet").exists()

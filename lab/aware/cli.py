@@ -60,7 +60,7 @@ def register(subparsers) -> None:
                                    "fine-tuning: best validation downstream accuracy; the others: best validation H.")
     common(q)
     q.add_argument("--task", default="fashion", choices=["fashion", "digits", "even"])
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds; validation scores are averaged (default 0)")
     q.add_argument("--n-val", type=int, default=100, help="validation questions per set (default 100)")
     q.add_argument("--grid", nargs="+", default=None, metavar="METHOD=LR,LR",
                    help="candidate lrs, e.g. full=1e-5,2e-5 aware=1e-4,3e-4 (default: lab.aware.tune.GRIDS)")
@@ -213,7 +213,7 @@ def cmd_tune(args) -> int:
     size = _size(args)
     _threads()
     ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device, tasks_needed=(args.task,))
-    out = tune(ctx, task=args.task, grids=grids, seed=args.seed, n_val=args.n_val, run_dir=args.run_dir,
+    out = tune(ctx, task=args.task, grids=grids, seeds=tuple(args.seeds), n_val=args.n_val, run_dir=args.run_dir,
                cache_dir=args.cache_dir, progress=not args.quiet)
     import pandas as pd
 

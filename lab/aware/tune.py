@@ -15,7 +15,8 @@ fine-tuning at 1e-4 collapses. :func:`tune` picks each method's rate the way a c
    rate that best balances keeping and learning. Ties go to the smaller lr.
 
 Every candidate is one run of the sweep's own harness (:func:`lab.aware.ablate.run_variant`) at the
-sweep's steps and batch, with one seed. ``lab aware tune`` runs it and prints the flags to use.
+sweep's steps and batch; with several ``seeds`` the validation accuracies are averaged over them
+before choosing. ``lab aware tune`` runs it and prints the flags to use.
 """
 from __future__ import annotations
 
@@ -70,10 +71,11 @@ def choose(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seed: int = 0, n_val: int = 100,
+def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n_val: int = 100,
          run_dir: str | Path | None = None, cache_dir=None, progress: bool = True) -> dict:
-    """Run every candidate lr on the validation questions; returns ``{'table', 'chosen', 'run_dir'}``.
-    ``ctx``: a prepared sweep context with ``task`` built (:func:`lab.aware.ablate.setup`)."""
+    """Run every candidate lr (x seed) on the validation questions; returns ``{'table'`` (mean over
+    seeds), ``'runs'`` (one row per seed), ``'chosen', 'before', 'run_dir'}``. ``ctx``: a prepared
+    sweep context with ``task`` built (:func:`lab.aware.ablate.setup`)."""
     import pandas as pd
 
     from lab import runs
@@ -88,6 +90,9 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seed: int = 0
         raise ValueError(f"this context has no downstream task {task!r} (it has {sorted(ctx.down)})")
     if n_val < 1:
         raise ValueError(f"the validation set is empty (n_val={n_val})")
+    seeds = tuple(int(x) for x in ([seeds] if isinstance(seeds, int) else seeds))
+    if not seeds:
+        raise ValueError("give at least one seed")
     t_start = time.perf_counter()
     run_dir = Path(run_dir) if run_dir else runs.new_run_dir("aware", f"tune-{task}")
     val = validation_context(ctx, task, n_val, cache_dir=cache_dir, progress=progress)
@@ -96,15 +101,21 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seed: int = 0
     if "aware" in grids and key not in val.saliency:
         val.saliency[key] = profile(val.base, calibration_batches(val.calib[key], val.enc),
                                     targets=MAIN.targets, progress=progress)
-    rows = []
+    runs_ = []
     for method, lrs in grids.items():
         for lr in lrs:
             val.size = replace(ctx.size, train=replace(ctx.size.train, **{LR_FIELD[method]: lr}))
-            row, _ = run_variant(val, Variant("tune", f"{method}@{lr:g}", MethodSpec(method, MAIN)), task, seed, progress)
-            rows.append({"method": method, "lr": lr, **{k: row[k] for k in ("downstream", "up_easy_vqa", "R",
-                                                                             "trainable_frac", "train_s")}})
-            if progress:
-                print(f"  {method:<6} lr {lr:<8g} val downstream {row['downstream']:.3f}  val R {row['R']:.1f}", flush=True)
+            for seed in seeds:
+                row, _ = run_variant(val, Variant("tune", f"{method}@{lr:g}", MethodSpec(method, MAIN)), task, seed, progress)
+                runs_.append({"method": method, "lr": lr, "seed": seed, **{k: row[k] for k in (
+                    "downstream", "up_easy_vqa", "R", "trainable_frac", "train_s")}})
+                if progress:
+                    print(f"  {method:<6} lr {lr:<8g} seed {seed}: val downstream {row['downstream']:.3f}  "
+                          f"val R {row['R']:.1f}", flush=True)
+    per_seed = pd.DataFrame(runs_)
+    mean = per_seed.groupby(["method", "lr"], sort=False)[["downstream", "up_easy_vqa", "R", "trainable_frac", "train_s"]].mean()
+    mean["seeds"] = len(seeds)
+    rows = mean.reset_index().to_dict("records")
     full = {r["lr"]: r["downstream"] for r in rows if r["method"] == "full"}
     chosen_full = choose([r | {"H": np.nan} for r in rows if r["method"] == "full"])["full"]
     for r in rows:
@@ -114,11 +125,12 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seed: int = 0
     table = pd.DataFrame(rows)
     table["chosen"] = [chosen.get(m) == lr for m, lr in zip(table.method, table.lr)]
     write_table(run_dir / "tune", table)
-    write_json(run_dir / "config.json", {"task": task, "seed": seed, "n_val": n_val, "grids": grids,
+    write_table(run_dir / "tune_runs", per_seed)
+    write_json(run_dir / "config.json", {"task": task, "seeds": list(seeds), "n_val": n_val, "grids": grids,
                                          "chosen": chosen, "before_val": val.before,
                                          "train": asdict(ctx.size.train), "seconds": time.perf_counter() - t_start,
                                          "versions": runs.versions()})
-    return {"table": table, "chosen": chosen, "before": val.before, "run_dir": run_dir}
+    return {"table": table, "runs": per_seed, "chosen": chosen, "before": val.before, "run_dir": run_dir}
 
 
 def flags(chosen: dict[str, float]) -> str:
