@@ -34,8 +34,9 @@ from lab.aware.upstream import AlignConfig
 class Size:
     """How big every part of the sweep is. ``default``, one seed, measured on 2 idle CPU cores:
     ~22 min (18 runs of 24 steps ~16 min, of which evaluation ~19 s per run; continual sequence
-    ~4 min; profiling ~1 min); each extra seed adds ~16 min (3 seeds: 55 min, measured). The learning rates (``TrainConfig``) were chosen on validation questions at
-    the default's 24 steps x 8; at another size, choose them again first: ``lab aware tune --size large``."""
+    ~4 min; profiling ~1 min); each extra seed adds ~16 min (3 seeds: 55 min, measured). The
+    learning rates (``TrainConfig``) were chosen on validation questions at the default's 24 steps
+    x 8; at another size, choose them again first: ``lab aware tune --size large``."""
 
     n_align: int = 4000            # easy-VQA train questions for projector alignment
     align: AlignConfig = AlignConfig()

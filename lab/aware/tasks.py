@@ -165,8 +165,10 @@ def downstream_validation(name: str, *, n: int, n_train: int, seed: int = 0, gri
 
 
 # --- upstream ----------------------------------------------------------------------------------
-def _easy_vqa_split(split: str, n: int, seed: int, grid: int, cache_dir, progress: bool) -> QASet:
-    """``n`` questions of one split; visual tokens only for the images they ask about."""
+def _easy_vqa_split(split: str, n: int, seed: int, grid: int, cache_dir, progress: bool, *,
+                    rows=None, name: str | None = None) -> QASet:
+    """``n`` seeded questions of one split (or ``rows(image_ids)``'s); visual tokens only for the
+    images they ask about."""
     import easy_vqa
     from PIL import Image
 
@@ -174,13 +176,13 @@ def _easy_vqa_split(split: str, n: int, seed: int, grid: int, cache_dir, progres
 
     qs, ans, img_ids = (easy_vqa.get_train_questions() if split == "train" else easy_vqa.get_test_questions())
     paths = easy_vqa.get_train_image_paths() if split == "train" else easy_vqa.get_test_image_paths()
-    pick = _pick(len(qs), n, seed)
+    pick = _pick(len(qs), n, seed) if rows is None else rows(img_ids)
     used = sorted({img_ids[i] for i in pick})
     row = {img: r for r, img in enumerate(used)}
     images = np.stack([np.asarray(Image.open(paths[i]).convert("RGB")) for i in used])   # (N, 64, 64, 3)
     options = tuple(easy_vqa.get_answers())
     tokens, key = visual_tokens(images, grid=grid, cache_dir=cache_dir, progress=progress, return_key=True)
-    return QASet(f"easy_vqa/{split}", [qs[i] for i in pick], [ans[i] for i in pick], [options] * len(pick),
+    return QASet(name or f"easy_vqa/{split}", [qs[i] for i in pick], [ans[i] for i in pick], [options] * len(pick),
                  np.array([row[img_ids[i]] for i in pick], dtype=np.int64), tokens, source=key)
 
 
@@ -206,23 +208,10 @@ def easy_vqa_validation(*, n: int, n_align: int, seed: int = 0, grid: int = 2, c
     """``n`` easy-VQA validation questions: from the train split, about images that none of the
     ``n_align`` alignment questions (:func:`easy_vqa` with the same ``seed``) shows — so neither
     the question nor the image was seen upstream; the test questions stay untouched."""
-    import easy_vqa
-    from PIL import Image
-
-    from lab.aware.minillava import visual_tokens
-
     if n < 1:
         raise ValueError(f"the validation set is empty (n={n})")
-    qs, ans, img_ids = easy_vqa.get_train_questions()
-    pick = unseen_image_index(img_ids, n_align, n, seed)
-    used = sorted({img_ids[i] for i in pick})
-    row = {img: r for r, img in enumerate(used)}
-    paths = easy_vqa.get_train_image_paths()
-    images = np.stack([np.asarray(Image.open(paths[i]).convert("RGB")) for i in used])
-    tokens, key = visual_tokens(images, grid=grid, cache_dir=cache_dir, progress=progress, return_key=True)
-    return QASet("easy_vqa/validation", [qs[i] for i in pick], [ans[i] for i in pick],
-                 [tuple(easy_vqa.get_answers())] * len(pick), np.array([row[img_ids[i]] for i in pick], dtype=np.int64),
-                 tokens, source=key)
+    return _easy_vqa_split("train", n, seed, grid, cache_dir, progress, name="easy_vqa/validation",
+                           rows=lambda image_ids: unseen_image_index(image_ids, n_align, n, seed))
 
 
 def probe(path: str | Path = PROBE_FILE) -> Task:

@@ -117,7 +117,7 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n
     mean["seeds"] = len(seeds)
     rows = mean.reset_index().to_dict("records")
     full = {r["lr"]: r["downstream"] for r in rows if r["method"] == "full"}
-    chosen_full = choose([r | {"H": np.nan} for r in rows if r["method"] == "full"])["full"]
+    chosen_full = choose([r for r in rows if r["method"] == "full"])["full"]   # full is chosen on accuracy alone
     for r in rows:
         r["E"] = M.efficiency(r["downstream"], full[chosen_full])
         r["H"] = M.h_score(r["R"], r["E"])
