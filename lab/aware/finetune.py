@@ -61,10 +61,15 @@ class TrainConfig:
     def __post_init__(self):
         if self.steps < 0 or self.batch_size < 1:
             raise ValueError("steps must be >= 0 and batch_size >= 1")
-        if min(self.lr, self.lr_projector, self.lr_adapter, self.lr if self.lr_aware is None else self.lr_aware) <= 0 or self.weight_decay < 0:
+        if min(self.lr, self.lr_projector, self.lr_adapter, self.aware_lr) <= 0 or self.weight_decay < 0:
             raise ValueError("learning rates must be > 0 and weight_decay >= 0")
         if not 0 <= self.warmup < 1:
             raise ValueError("warmup is a fraction of the steps in [0, 1)")
+
+    @property
+    def aware_lr(self) -> float:
+        """The lr AWARe's trainable language-model rows get (``lr_aware``, or ``lr`` when None)."""
+        return self.lr if self.lr_aware is None else self.lr_aware
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,7 @@ def prepare(model: nn.Module, spec: MethodSpec, cfg: TrainConfig, *,
         masks = select(scores, spec.aware.rho, spec.aware.rule, weights=layers, seed=spec.aware.seed)
         apply(model, masks)
         info["masks"] = masks
-        groups = _groups(model, cfg.lr if cfg.lr_aware is None else cfg.lr_aware, cfg.lr_projector)
+        groups = _groups(model, cfg.aware_lr, cfg.lr_projector)
     elif spec.method in ("lora", "dora"):
         from peft import LoraConfig, get_peft_model
 
