@@ -4,7 +4,8 @@
 - E, efficiency: downstream performance relative to full fine-tuning (percent).
 - H = 2RE / (R + E).
 - Continual sequence: ``acc[i][j]`` = accuracy on task ``j`` after training stage ``i``
-  (``j <= i`` are the tasks seen so far); per-stage averages, last-stage average, BWT.
+  (``j <= i`` are the tasks seen so far), fractions in [0, 1]; per-stage averages, last-stage
+  average and BWT are the shared definitions of :mod:`lab.metrics` (BWT is NaN for one stage).
 - Mask overlap between two selections (e.g. from different calibration sets).
 """
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import math
+
+from lab import metrics as shared
 
 
 def retention(before: float, after: float) -> float:
@@ -38,26 +41,14 @@ def mean_retention(before: Mapping[str, float], after: Mapping[str, float]) -> f
     return sum(vals) / len(vals) if vals else math.nan
 
 
-def _check_matrix(acc: Sequence[Sequence[float]]) -> int:
-    t = len(acc)
-    if t == 0:
-        raise ValueError("empty accuracy matrix")
-    for i, row in enumerate(acc):
-        if len(row) < i + 1:
-            raise ValueError(f"stage {i} row must hold accuracies for tasks 0..{i}, got {len(row)}")
-    return t
-
-
 def stage_averages(acc: Sequence[Sequence[float]]) -> list[float]:
     """Average accuracy over the tasks seen so far, after every stage."""
-    _check_matrix(acc)
-    return [sum(row[: i + 1]) / (i + 1) for i, row in enumerate(acc)]
+    return [float(a) for a in shared.stage_averages(shared.from_stage_rows(acc))]
 
 
 def average_over_stages(acc: Sequence[Sequence[float]]) -> float:
     """'Avg' of MLLM-DCL: mean of the per-stage averages."""
-    s = stage_averages(acc)
-    return sum(s) / len(s)
+    return shared.average_incremental_accuracy(stage_averages(acc))
 
 
 def last(acc: Sequence[Sequence[float]]) -> float:
@@ -66,11 +57,8 @@ def last(acc: Sequence[Sequence[float]]) -> float:
 
 
 def bwt(acc: Sequence[Sequence[float]]) -> float:
-    """Backward transfer: mean over earlier tasks of (final accuracy - accuracy just after learning it)."""
-    t = _check_matrix(acc)
-    if t < 2:
-        return 0.0
-    return sum(acc[-1][j] - acc[j][j] for j in range(t - 1)) / (t - 1)
+    """Backward transfer (:func:`lab.metrics.backward_transfer`); NaN for a single stage."""
+    return shared.backward_transfer(shared.from_stage_rows(acc))
 
 
 def mask_overlap(a: Mapping[str, "object"], b: Mapping[str, "object"]) -> dict[str, float]:
