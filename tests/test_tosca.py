@@ -71,14 +71,34 @@ def test_cosine_head_grows_and_keeps_rows_and_scale():
     h = CosineHead(8, 2)
     assert h.scale == 1.0
     old = h.weight.detach().clone()
-    with torch.no_grad():
-        h.sigma.fill_(3.0)
+    h.set_scale(3.0)
     h.grow(3)
     assert h.num_classes == 5 and h.scale == 3.0
     torch.testing.assert_close(h.weight[:2].detach(), old)
     x = torch.randn(4, 8)
     out = h(x)
     assert out.abs().max() <= 3.0 + 1e-5
+
+
+def test_head_scale_stays_positive_by_default_and_free_can_flip_sign():
+    from lab.tosca.head import scale_warning
+
+    x, y = torch.randn(16, 8), torch.arange(16) % 2
+    for param, ends_positive in (("positive", True), ("free", False)):
+        h = CosineHead(8, 2, param=param)
+        assert h.scale == 1.0  # both start where the reference starts
+        h.set_rows([0, 1], class_means(x, y, [0, 1]))  # every true-class cosine > 0
+        opt = torch.optim.SGD([p for n, p in h.named_parameters() if n != "weight"], lr=0.5)
+        for _ in range(20):  # a loss that rewards a negative σ: push every logit of the true class down
+            opt.zero_grad()
+            h(x).gather(1, y[:, None]).sum().backward()
+            opt.step()
+        assert (h.scale > 0) == ends_positive, (param, h.scale)
+        assert (scale_warning(h.scale) == "") == ends_positive
+    with pytest.raises(ValueError, match="positive"):
+        CosineHead(8, 2).set_scale(-1.0)
+    with pytest.raises(ValueError, match="valid: positive, free"):
+        ToscaConfig(head_scale_param="exp")
 
 
 def test_class_means():

@@ -49,6 +49,8 @@ def register(subparsers) -> None:
     p.add_argument("--backbone", default="efficientnet_lite0", help="frozen backbone (default efficientnet_lite0; "
                                                                     "see `lab backbones`)")
     p.add_argument("--resolution", type=int, default=None, help="input resolution in px (default: the backbone's)")
+    p.add_argument("--weights", default=None, metavar="FILE",
+                   help="backbone weights file (as $LAB_VIT_B16_WEIGHTS; default: the backbone's own source)")
     p.add_argument("--init", type=int, default=0, help="classes in the first task; 0 = same as --inc (default 0)")
     p.add_argument("--inc", type=int, default=2, help="classes per later task (default 2)")
     p.add_argument("--seed", type=int, default=1993, help="class order and training seed (default 1993)")
@@ -66,26 +68,68 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="cpu", help="device for the TOSCA modules (default cpu)")
     p.add_argument("--engine", default="eager", choices=("eager", "static", "cuda_graph"),
                    help="TOSCA training loop: eager (default), static buffers, or one CUDA graph per epoch (GPU)")
+    p.add_argument("--head-scale-param", default="positive", choices=("positive", "free"),
+                   help="cosine-head scale σ: positive (softplus, stays > 0; default) or free (the reference's "
+                        "unconstrained σ, which can turn negative and flip every logit)")
     p.add_argument("--runs-dir", default=None, help="runs root (default $LAB_RUNS_DIR or ./runs)")
     p.add_argument("--resume", default=None, metavar="DIR", help="continue an interrupted run in DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_tosca)
 
 
+def check_args(args) -> None:
+    """Every parameter of `lab tosca`, one line naming it on the first bad one; nothing is loaded,
+    created or computed (the run itself checks the datasets and weights before its run folder)."""
+    from lab import _validate as V
+    from lab import backbones, data, runs
+    from lab.cli import check_backbone_args
+
+    check_backbone_args(args.backbone, args.resolution, args.weights)
+    for d in args.dataset:
+        data.dataset_info(d)
+    V.count("--init", args.init, minimum=0)
+    V.count("--inc", args.inc)
+    V.seed("--seed", args.seed)
+    V.count("--epochs", args.epochs)
+    V.count("--batch-size", args.batch_size)
+    if args.method == "simplecil":
+        V.number("--lr", args.lr, ge=0)
+    else:
+        V.learning_rate("--lr", args.lr)
+    V.number("--l1", args.l1, ge=0)
+    dim = backbones.backbone_info(args.backbone)["feature_dim"]
+    V.count("--ratio", args.ratio, maximum=dim)
+    V.count("--per-batch-size", args.per_batch_size)
+    V.device("--device", args.device)
+    if args.engine == "cuda_graph" and not str(args.device).startswith("cuda"):
+        raise V.bad("--engine", args.engine, "needs --device cuda")
+    if args.resume is not None:
+        folder = V.in_dir("--resume", args.resume)
+        if not (folder / "config.json").is_file():
+            raise V.bad("--resume", args.resume, "is not a tosca run folder (no config.json)")
+        V.out_dir("--resume", folder)
+        runs.check_unlocked(folder)
+    else:
+        runs.check_root("tosca", args.runs_dir)
+
+
 def cmd_tosca(args) -> int:
     from .run import RunConfig, run
 
+    check_args(args)
     cfg = RunConfig(datasets=tuple(args.dataset), backbone=args.backbone, resolution=args.resolution, init=args.init,
                     inc=args.inc, seed=args.seed, method=args.method, routing=args.routing, mode=args.mode,
                     epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, l1=args.l1, ratio=args.ratio,
                     flow=args.flow, per_batch_size=args.per_batch_size, device=args.device,
-                    engine=args.engine)
+                    engine=args.engine, weights=args.weights, head_scale_param=args.head_scale_param)
     res = run(cfg, runs_root=args.runs_dir, resume=args.resume, progress=not args.quiet)
     print(format_summary(res))
     return 0
 
 
 def format_summary(res) -> str:
+    from .head import scale_warning
+
     s = res.summary.copy()
     cols = {"method": "method", "routing": "routing", "avg_inc_acc": "Ā", "last_acc": "A_B", "forgetting": "forget",
             "bwt": "BWT", "routing_accuracy_last": "route_acc"}
@@ -99,6 +143,7 @@ def format_summary(res) -> str:
              info["routings"] else "",
              f"trainable params: {info['trainable_params_total']:,} in all, per task {info['trainable_params_per_task']}",
              f"head scale σ after the last task: {scale:.3f}" if scale is not None else "",
+             scale_warning(scale),
              f"seconds: extraction {t['extraction']:.1f}, training {t['training']:.1f}, evaluation {t['evaluation']:.1f}",
              f"run dir: {res.run_dir}"]
     return "\n".join(l for l in lines if l)

@@ -113,7 +113,8 @@ class LayerwiseAdapter:
         cfg, gen = self.cfg, torch.Generator().manual_seed(self.cfg.seed)
         torch.manual_seed(cfg.seed)
         self._build()
-        self.train_head = CosineHead(self.backbone.feature_dim, len(classes), scale=cfg.head_scale)
+        self.train_head = CosineHead(self.backbone.feature_dim, len(classes), scale=cfg.head_scale,
+                                     param=cfg.head_scale_param)
         params = [*adapter_parameters(self.adapted.model), *self.train_head.parameters()]
         bufs = [torch.zeros_like(p) for p in params]
         for epoch in range(cfg.epochs):

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .head import CosineHead, class_means
+from .head import CosineHead, check_scale_param, class_means
 from .luca import LuCA, check_flow
 
 
@@ -48,6 +48,9 @@ class ToscaConfig:
     flow: str = "tosca"
     seed: int = 1993
     head_scale: float = 1.0  # initial σ of the cosine head (learned)
+    # ours: 'positive' keeps σ > 0 (σ = softplus(s)); 'free' learns σ unconstrained, as the reference,
+    # where it can cross zero and flip every logit (lab/tosca/head.py)
+    head_scale_param: str = "positive"
     device: str = "cpu"  # ours: where the modules train ('cuda' for the GPU path)
     # ours: CPU intra-op threads while training (0 = leave torch's setting). At batch 48 each op is
     # too small to split, and on a busy machine OpenMP spin-waits dominate: measured 7 ms/step with
@@ -73,6 +76,7 @@ class ToscaConfig:
             raise ValueError(f"threads must be >= 0 (got {self.threads})")
         if self.head_scale <= 0:
             raise ValueError(f"head_scale must be > 0 (got {self.head_scale})")
+        check_scale_param(self.head_scale_param)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,7 +126,7 @@ class Tosca(nn.Module):
         super().__init__()
         self.dim, self.config = dim, config
         self.luca = nn.ModuleList()  # one frozen LuCA per finished task
-        self.head = CosineHead(dim, scale=config.head_scale)
+        self.head = CosineHead(dim, scale=config.head_scale, param=config.head_scale_param)
         self.task_classes: list[list[int]] = []
         self.log: list[dict] = []  # one row per (task, epoch): loss, lr, head scale
         self.to(config.device)
@@ -210,7 +214,7 @@ class Tosca(nn.Module):
     def task_tensors(self, t: int) -> dict[str, torch.Tensor]:
         out = {f"luca.{k}": v for k, v in self.luca[t].state_dict().items()}
         if t == self.num_tasks - 1:
-            out.update({"head.weight": self.head.weight.detach(), "head.sigma": self.head.sigma.detach()})
+            out.update({"head.weight": self.head.weight.detach(), "head.sigma": self.head.sigma_value().detach()})
         return out
 
     def restore_task(self, tensors: dict[str, torch.Tensor], classes) -> None:
@@ -222,7 +226,7 @@ class Tosca(nn.Module):
         if "head.weight" in tensors:
             dev = self.config.device
             self.head.weight = nn.Parameter(tensors["head.weight"].to(dev).clone())
-            self.head.sigma = nn.Parameter(tensors["head.sigma"].to(dev).clone())
+            self.head.set_scale(tensors["head.sigma"])  # σ itself is saved, whatever the parametrisation
 
     def trainable_parameters(self, t: int) -> int:
         """Parameters trained in task t: its LuCA plus the head as it stood (all rows trainable)."""

@@ -15,7 +15,6 @@ interrupted run after its last finished task and gives the same numbers as an un
 from __future__ import annotations
 
 import json
-import os
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -54,7 +53,9 @@ class RunConfig:
     per_batch_size: int = 48  # the reference protocol's test batch
     device: str = "cpu"
     engine: str = "eager"  # ours: 'static' / 'cuda_graph' (see lab/tosca/_graph.py)
+    head_scale_param: str = "positive"  # ours: σ > 0; 'free' = the reference's unconstrained σ
     name: str = ""  # run-dir label; default "<method>-<datasets>-B<init>Inc<inc>-s<seed>"
+    weights: str | None = None  # backbone weights file (as $LAB_VIT_B16_WEIGHTS); None: the registry's
 
     def __post_init__(self):
         ds = (self.datasets,) if isinstance(self.datasets, str) else tuple(self.datasets)
@@ -68,11 +69,18 @@ class RunConfig:
             raise ValueError(f"unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}")
         if self.per_batch_size < 1:
             raise ValueError(f"per_batch_size must be >= 1 (got {self.per_batch_size})")
+        from lab import _validate
+
+        _validate.seed("seed", self.seed)
+        _validate.device("device", self.device)
+        if self.method != "simplecil":  # lr 0 would "train" and report the untrained modules' numbers
+            _validate.learning_rate("lr", self.lr)
         self.tosca_config()  # validates epochs, l1, lr, ...
 
     def tosca_config(self) -> ToscaConfig:
         return ToscaConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, l1=self.l1, ratio=self.ratio,
-                           flow=self.flow, seed=self.seed, device=self.device, engine=self.engine)
+                           flow=self.flow, seed=self.seed, device=self.device, engine=self.engine,
+                           head_scale_param=self.head_scale_param)
 
     @property
     def label(self) -> str:
@@ -81,6 +89,8 @@ class RunConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["datasets"] = list(self.datasets)
+        if d["weights"] is None:  # runs saved before the field existed still resume
+            del d["weights"]
         return d
 
 
@@ -103,11 +113,19 @@ class RunResult:
 
 
 # --------------------------------------------------------------------------------------------
-def _load_data(cfg: RunConfig, progress: bool) -> tuple[ScenarioData, float, object]:
-    from lab import backbones, data, features
+def _prepare(cfg: RunConfig) -> tuple[object, object]:
+    """The scenario (datasets loaded) and the backbone (weights read): what can fail on a missing
+    dataset or bad weights, done before any run folder exists."""
+    from lab import backbones, data
 
     scn = data.scenario(list(cfg.datasets), init=cfg.init, inc=cfg.inc, seed=cfg.seed)
-    bb = backbones.load(cfg.backbone, resolution=cfg.resolution)
+    return scn, backbones.load(cfg.backbone, resolution=cfg.resolution, weights=cfg.weights)
+
+
+def _load_data(cfg: RunConfig, progress: bool, prepared=None) -> tuple[ScenarioData, float, object]:
+    from lab import features
+
+    scn, bb = prepared or _prepare(cfg)
     t0 = time.perf_counter()
     feats = features.scenario_features(scn, bb, progress=progress)
     return ScenarioData.from_scenario(scn, feats, backbone=bb), time.perf_counter() - t0, scn
@@ -118,38 +136,30 @@ def _validate_inputs(cfg: RunConfig, needs_images: bool) -> None:
     from lab import backbones, data
 
     backbones.backbone_info(cfg.backbone)
+    backbones.check_resolution(cfg.backbone, cfg.resolution)
     for d in cfg.datasets:
         data.dataset_info(d)
     total = sum(data.dataset_info(d)["classes"] for d in cfg.datasets)
     from lab.data import validate_split
 
     validate_split(total, cfg.init, cfg.inc)
-    ok, where = backbones.weights_available(cfg.backbone)
-    if not ok:
-        raise RuntimeError(f"backbone {cfg.backbone}: weights unavailable ({where})")
+    if cfg.weights is not None:
+        from lab import _validate
+
+        _validate.in_file("weights", cfg.weights)
+    else:
+        ok, where = backbones.weights_available(cfg.backbone)
+        if not ok:
+            raise RuntimeError(f"backbone {cfg.backbone}: weights unavailable ({where}; or pass a file with --weights)")
     if needs_images and len({data.dataset_info(d)["image"] for d in cfg.datasets}) > 1:
         raise ValueError(f"{cfg.method} in {cfg.mode} mode needs raw images, and the chained datasets "
                          f"{list(cfg.datasets)} have different image formats; use cached mode")
 
 
 def _lock(run_dir: Path) -> Path:
-    lock = run_dir / ".lock"
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        pid = int(lock.read_text().strip() or 0)
-        try:
-            os.kill(pid, 0)
-            alive = pid != os.getpid()
-        except (ProcessLookupError, PermissionError, ValueError):
-            alive = False
-        if alive:
-            raise RuntimeError(f"{run_dir} is in use by process {pid}") from None
-        lock.unlink(missing_ok=True)  # stale lock from an interrupted run
-        return _lock(run_dir)
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
-    return lock
+    from lab import runs
+
+    return runs.lock(run_dir)  # stale locks replaced, unreadable ones reported with how to clear them
 
 
 def _evaluate(method, data: ScenarioData, t: int, routed: bool, per_batch_size: int) -> dict:
@@ -190,11 +200,14 @@ def run(cfg: RunConfig, *, runs_root=None, resume=None, progress: bool = True,
             diff = {k: (stored.get(k), v) for k, v in cfg.to_dict().items() if stored.get(k) != v}
             raise ValueError(f"cannot resume {run_dir}: its config differs (stored, given): {diff}")
     else:
+        runs.check_root("tosca", runs_root)
+    prepared = _prepare(cfg) if data is None else None  # missing data / bad weights: no run folder yet
+    if resume is None:
         run_dir = runs.new_run_dir("tosca", cfg.label, root=runs_root)
         _io.write_json(run_dir / "config.json", cfg.to_dict())
     lock = _lock(run_dir)
     try:
-        return _run(cfg, run_dir, data, progress, info_m["routed"], pd, tqdm)
+        return _run(cfg, run_dir, data, progress, info_m["routed"], pd, tqdm, prepared)
     except NonFiniteLoss as exc:  # the finished tasks stay resumable; the failure is recorded
         _io.write_json(run_dir / "error.json", {"error": str(exc), "type": type(exc).__name__})
         raise
@@ -202,12 +215,12 @@ def run(cfg: RunConfig, *, runs_root=None, resume=None, progress: bool = True,
         lock.unlink(missing_ok=True)
 
 
-def _run(cfg, run_dir, data, progress, routed, pd, tqdm) -> RunResult:
+def _run(cfg, run_dir, data, progress, routed, pd, tqdm, prepared=None) -> RunResult:
     from lab import _io, runs
 
     t_extract = 0.0
     if data is None:
-        data, t_extract, _ = _load_data(cfg, progress)
+        data, t_extract, _ = _load_data(cfg, progress, prepared)
     torch.manual_seed(cfg.seed)
     method = create(cfg.method, data.dim, cfg.tosca_config(), backbone=data.backbone, mode=cfg.mode)
     stages, epochs = [], []
