@@ -72,6 +72,7 @@ def read_card(ipynb: Path) -> dict[str, Any]:
         "metrics": read_metrics(nb),
         "figures": sorted(p.name for p in figures_dir.glob("*.png")) if figures_dir.is_dir() else [],
         "notes": notes.read_text(encoding="utf-8").splitlines() if notes.exists() else [],
+        "run_notes": list(meta.get("notes") or []),  # about the whole run (no browser...): page top
         "html": f"{name}.html", "ipynb": f"{name}.ipynb",
     }
 
@@ -88,6 +89,7 @@ table{border-collapse:collapse;margin:.6rem 0}td,th{padding:.15rem .8rem .15rem 
 td{font-variant-numeric:tabular-nums}pre{background:#f6f8fa;padding:.5rem;overflow:auto;font-size:.8rem}
 .err{color:#a40e26;font-weight:600}.figs img{max-width:48%;border:1px solid #d0d7de;margin:.2rem .2rem 0 0}
 .links a{margin-right:.8rem}.meta{color:#57606a;font-size:.85rem}
+.run-note{background:#fff8c5;border:1px solid #d4a72c;border-radius:6px;padding:.5rem .8rem}
 """
 
 
@@ -145,6 +147,15 @@ def write_index(out_dir: str | Path, notebooks_dir: str | Path | None = None) ->
         ipynb = out_dir / f"{name}.ipynb"
         cards.append(read_card(ipynb) if ipynb.exists() else {"name": name, "missing": True})
     n_ok = sum(1 for c in cards if c.get("ok"))
+    rendered = [c for c in cards if not c.get("missing")]
+    run_notes: dict[str, list[str]] = {}
+    for c in rendered:
+        for note in c.get("run_notes", []):
+            run_notes.setdefault(note, []).append(c["name"])
+    banner = "".join(
+        f"<p class='run-note'>Note: {html.escape(note)}"
+        + ("" if len(names) == len(rendered) else f" (for {html.escape(', '.join(names))})") + "</p>"
+        for note, names in run_notes.items())
     total = sum(c.get("seconds") or 0 for c in cards if not c.get("missing"))
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
@@ -152,6 +163,6 @@ def write_index(out_dir: str | Path, notebooks_dir: str | Path | None = None) ->
             f"<title>continual-lab reports</title><style>{_CSS}</style></head><body>"
             f"<h1>continual-lab reports</h1><p class='sub'>{n_ok} of {len(cards)} notebooks rendered without error"
             f" · notebook wall time {total:.0f} s in all · index built {now} · lab {html.escape(__version__)}</p>"
-            f"<div class='grid'>{''.join(_card_html(c) for c in cards)}</div></body></html>")
+            f"{banner}<div class='grid'>{''.join(_card_html(c) for c in cards)}</div></body></html>")
     write_text(out_dir / "index.json", json.dumps({"built_at": now, "notebooks": cards}, indent=1, default=str))
     return write_text(out_dir / "index.html", page)

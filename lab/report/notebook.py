@@ -33,10 +33,12 @@ FIGURES_ENV = "LAB_REPORT_FIGURES_DIR"  # folder the PNGs go to; unset = not und
 PNG_ENV = "LAB_REPORT_PNG"  # "0" turns PNG export off (the smoke runs of the test suite)
 PROFILE_ENV = "LAB_REPORT_PROFILE"  # "report" or "smoke"
 NOTES_FILE = "_notes.txt"  # in the figures folder: why PNGs were skipped, shown in the index
+PNG_TIMEOUT_ENV = "LAB_REPORT_PNG_TIMEOUT"  # seconds one figure export may take (default below)
+PNG_TIMEOUT_S = 60.0  # a figure export (browser start included) taking longer is abandoned
 RENDERER = "plotly_mimetype+lab_offline"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-_png_state: dict[str, Any] = {"disabled_reason": None, "server": False}
+_png_state: dict[str, Any] = {"disabled_reason": None, "exporter": None}
 
 
 def setup_notebook() -> None:
@@ -132,14 +134,111 @@ def _note(folder: Path, text: str) -> None:
         fh.write(text + "\n")
 
 
+# --- the browser kaleido drives --------------------------------------------------------------
+
+def find_browser() -> str | None:
+    """The Chrome/Chromium kaleido would start, or None when it would find none.
+
+    Asks choreographer (kaleido's browser driver) itself, so the answer matches what kaleido
+    does: its own downloaded copy (``kaleido_get_chrome``), then ``$BROWSER_PATH`` or the
+    executables named chrome/chromium/google-chrome/msedge/brave/vivaldi on ``PATH``, then
+    their usual install paths (``/usr/bin/chromium``...). Like kaleido, a path that is not a
+    file counts as not found. Only looks at the file system: starts nothing.
+    """
+    try:
+        from choreographer.browsers.chromium import Chromium
+
+        path = Chromium.find_browser(skip_local=False)
+    except Exception:  # noqa: BLE001 - a choreographer without this helper: let kaleido try
+        return "(not known: kaleido will look)"
+    return str(path) if path and Path(path).is_file() else None
+
+
+def enable_png_command() -> str:
+    """The one command that gives kaleido a browser on this machine."""
+    import shutil
+
+    if shutil.which("apt-get"):
+        root = hasattr(os, "geteuid") and os.geteuid() == 0
+        return f"{'' if root else 'sudo '}apt-get install chromium"
+    return f"{Path(sys.executable).parent / 'kaleido_get_chrome'}   (downloads Chrome for Testing)"
+
+
+def no_browser_note() -> str:
+    """One line: PNGs are skipped for want of a browser, and how to get one."""
+    where = os.environ.get("BROWSER_PATH")
+    looked = f"BROWSER_PATH={where!r} is not a file" if where else "none on PATH, none installed"
+    return (f"PNG export skipped: kaleido finds no Chrome/Chromium ({looked}); "
+            f"the HTML reports are complete. Enable PNGs with: {enable_png_command()}")
+
+
+class _Exporter:
+    """kaleido on a private event loop in a daemon thread, so every wait on it has a limit.
+
+    kaleido's own ``start_sync_server``/``calc_fig_sync`` wait on a queue with no timeout, and
+    when the browser fails to start (e.g. none is installed) the error stays in kaleido's thread
+    and the caller waits forever. Here each call is a future awaited with ``timeout``; an error
+    raised in the thread (``ChromeNotFoundError``...) reaches the caller. One browser serves the
+    kernel's lifetime (~3 s to start, then ~0.5 s per figure) and is closed at exit.
+    """
+
+    def __init__(self) -> None:
+        import asyncio
+        import atexit
+        import threading
+
+        self._asyncio = asyncio
+        self._loop = asyncio.new_event_loop()
+        # An abandoned (timed-out) call ends in the thread later; nobody is left to tell.
+        self._loop.set_exception_handler(lambda loop, context: None)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="lab-report-kaleido",
+                                        daemon=True)
+        self._thread.start()
+        self._kaleido = None
+        atexit.register(self.close)
+
+    def _wait(self, coro, timeout: float):
+        import concurrent.futures
+
+        future = self._asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"no answer from kaleido/Chromium within {timeout:g} s") from None
+
+    def png(self, fig_dict: dict, opts: dict, timeout: float) -> bytes:
+        import kaleido
+
+        async def run():
+            if self._kaleido is None:
+                k = kaleido.Kaleido(mathjax=False, timeout=timeout)
+                await k.open()
+                self._kaleido = k
+            return await self._kaleido.calc_fig(fig_dict, opts=opts)
+
+        return self._wait(run(), timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self._kaleido is not None:
+            k, self._kaleido = self._kaleido, None
+            try:
+                self._wait(k.close(), timeout)
+            except Exception:  # noqa: BLE001 - exiting anyway; the browser dies with its pipe
+                pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
 def save_png(fig, name: str, *, width: int | None = None, height: int | None = None,
              scale: float = 2.0) -> None:
-    """Write ``fig`` as ``<name>.png`` beside the rendered report (kaleido 1.x + Chromium).
+    """Write ``fig`` as ``<name>.png`` beside the rendered report (kaleido 1.x + Chrome/Chromium).
 
     Only acts while `lab report` runs the notebook; does nothing when not under the pipeline
-    (a live JupyterLab session) or when PNGs are turned off. When no Chromium is found, or the
-    export fails, a note is printed and shown in the report index instead of failing the notebook.
-    Returns nothing, so it can end a cell without an ``Out[]``.
+    (a live JupyterLab session) or when PNGs are turned off (`lab report` turns them off when
+    :func:`find_browser` finds no browser, and says so once). When the export fails or takes
+    longer than :data:`PNG_TIMEOUT_S`, a note is printed and shown in the report index instead
+    of failing the notebook, and the notebook's later PNGs are skipped. Returns nothing, so it
+    can end a cell without an ``Out[]``.
     """
     if not _NAME_RE.match(name.removesuffix(".png")):
         raise ValueError(f"save_png: name {name!r} must be letters, digits, '_', '-', '.' (no folders)")
@@ -150,22 +249,24 @@ def save_png(fig, name: str, *, width: int | None = None, height: int | None = N
     folder.mkdir(parents=True, exist_ok=True)
     if _png_state["disabled_reason"]:
         return
-    import kaleido
     from kaleido.errors import ChromeNotFoundError
 
     fig_dict = fig.to_dict() if hasattr(fig, "to_dict") else dict(fig)
     layout = fig_dict.get("layout", {})
     opts = dict(format="png", width=width or layout.get("width") or 900,
                 height=height or layout.get("height") or 540, scale=scale)
+    timeout = float(os.environ.get(PNG_TIMEOUT_ENV) or PNG_TIMEOUT_S)
     try:
-        if not _png_state["server"]:
-            # One Chromium for the kernel's lifetime: ~3 s to start, then ~0.5 s per figure.
-            kaleido.start_sync_server(mathjax=False, silence_warnings=True)
-            _png_state["server"] = True
-        data = kaleido.calc_fig_sync(fig_dict, opts=opts)
+        if _png_state["exporter"] is None:
+            _png_state["exporter"] = _Exporter()
+        data = _png_state["exporter"].png(fig_dict, opts, timeout)
     except ChromeNotFoundError:
-        _png_state["disabled_reason"] = "no Chromium found"
-        _note(folder, "PNG export skipped: no Chromium found (Debian: apt-get install chromium)")
+        _png_state["disabled_reason"] = "no browser"
+        _note(folder, no_browser_note())
+        return
+    except TimeoutError as exc:
+        _png_state["disabled_reason"] = "timeout"
+        _note(folder, f"PNG export of {name!r} abandoned: {exc}; this notebook's later PNGs are skipped")
         return
     except Exception as exc:  # noqa: BLE001 - a PNG is a by-product; the HTML report still renders
         _note(folder, f"PNG export of {name!r} failed: {type(exc).__name__}: {exc}")

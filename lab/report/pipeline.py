@@ -9,6 +9,14 @@ Per notebook ``NAME.ipynb`` the output folder gets (each written atomically, tem
 
 A failing notebook is still written and exported (papermill marks the failing cell), the others
 still run, and :func:`render` reports it; `lab report` then exits non-zero.
+
+Nothing waits forever: the kernel gets :data:`KERNEL_START_TIMEOUT_S` to start and each cell
+:data:`DEFAULT_CELL_TIMEOUT_S` (``--timeout`` changes it); a PNG export gets
+:data:`lab.report.notebook.PNG_TIMEOUT_S`. Before any notebook runs, :func:`render` asks kaleido's
+own browser discovery whether there is a Chrome/Chromium; without one it says so in one line,
+renders the HTML reports without PNGs and notes it in ``index.html``. While a notebook runs,
+a line per markdown section (and per cell running longer than :data:`SLOW_CELL_S`) shows where
+it is, with the elapsed time; the run ends with a table of wall times.
 """
 from __future__ import annotations
 
@@ -34,6 +42,11 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 TEMPLATE = "offline"
 DEFAULT_KERNEL = "continual-lab"
 FIGURES_SUFFIX = "_figures"
+KERNEL_START_TIMEOUT_S = 120
+DEFAULT_CELL_TIMEOUT_S = 7200.0  # generous (the report-sized sweeps take minutes), but finite
+SLOW_CELL_S = 10.0  # a cell running longer than this gets a progress line now and then
+HEARTBEAT_S = 30.0
+ENGINE = "continual-lab"
 _EXTERNAL_RE = re.compile(
     r"<(script|link|img|iframe|source|embed|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*[\"']?((?:https?:)?//[^\"'\s>]+)",
     re.IGNORECASE)
@@ -96,6 +109,96 @@ def _environ(**values: str):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+class Progress:
+    """Lines that say where a running notebook is: each markdown heading reached, and every
+    :data:`HEARTBEAT_S` a line for a cell running longer than :data:`SLOW_CELL_S`.
+
+    Fed by the papermill engine below (``cell_start``/``cell_complete``); the heartbeat runs in
+    a daemon thread that :meth:`close` stops (joined with a timeout).
+    """
+
+    def __init__(self, name: str, log: Callable[[str], None], *, slow: float = SLOW_CELL_S,
+                 every: float = HEARTBEAT_S) -> None:
+        import threading
+
+        self.name, self.log, self.slow, self.every = name, log, slow, every
+        self.t0 = time.perf_counter()
+        self.n_cells = 0
+        self._cell: tuple[int, str, float] | None = None  # (index, first line, start)
+        self._last_beat = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"progress-{name}", daemon=True)
+        self._thread.start()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _line(self, text: str) -> None:
+        self.log(f"      {self.elapsed():7.1f} s  {text}")
+
+    def cell_start(self, cell, index: int) -> None:
+        where = f"cell {index + 1}/{self.n_cells}"
+        if cell.cell_type == "markdown":
+            heading = next((ln.lstrip("#").strip() for ln in cell.source.splitlines()
+                            if ln.startswith("#")), None)
+            if heading:
+                self._line(f"{where}  {_TAG.sub('', heading)}")
+            return
+        first = next((ln.strip() for ln in cell.source.splitlines() if ln.strip()), "")
+        with self._lock:
+            self._cell, self._last_beat = (index, first[:70], time.perf_counter()), 0.0
+
+    def cell_complete(self, index: int) -> None:
+        with self._lock:
+            cell, self._cell = self._cell, None
+        if cell and cell[0] == index and time.perf_counter() - cell[2] >= self.slow:
+            self._line(f"cell {index + 1}/{self.n_cells} done in {time.perf_counter() - cell[2]:.1f} s")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._lock:
+                cell = self._cell
+                now = time.perf_counter()
+                if not cell or now - cell[2] < self.slow or now - self._last_beat < self.every:
+                    continue
+                self._last_beat = now
+            self._line(f"cell {cell[0] + 1}/{self.n_cells} running for {now - cell[2]:.0f} s: {cell[1]}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+_TAG = re.compile(r"<[^>]+>")
+
+
+def _register_engine() -> None:
+    """papermill's nbclient engine, reporting each cell to a :class:`Progress` (``progress=``)."""
+    from papermill.engines import NBClientEngine, papermill_engines
+
+    class _Engine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man, kernel_name, progress: Progress | None = None,
+                                     **kwargs):
+            if progress is not None:
+                progress.n_cells = len(nb_man.nb.cells)
+                start, complete = nb_man.cell_start, nb_man.cell_complete
+
+                def cell_start(cell, cell_index=None, **kw):
+                    progress.cell_start(cell, cell_index)
+                    return start(cell, cell_index, **kw)
+
+                def cell_complete(cell, cell_index=None, **kw):
+                    progress.cell_complete(cell_index)
+                    return complete(cell, cell_index, **kw)
+
+                nb_man.cell_start, nb_man.cell_complete = cell_start, cell_complete
+            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+
+    papermill_engines.register(ENGINE, _Engine)
 
 
 def export_html(nb) -> tuple[str, list[str]]:
@@ -169,8 +272,14 @@ def _load_for_report(running: Path, src: Path, error: str | None):
 
 
 def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: dict | None = None,
-               png: bool = True, kernel: str | None = None, timeout: float | None = None) -> Result:
-    """Execute and export one notebook into ``out_dir``; never raises for a notebook's own error."""
+               png: bool = True, kernel: str | None = None, timeout: float | None = None,
+               notes: list[str] | None = None, log: Callable[[str], None] | None = None) -> Result:
+    """Execute and export one notebook into ``out_dir``; never raises for a notebook's own error.
+
+    ``timeout``: seconds a cell may run (default :data:`DEFAULT_CELL_TIMEOUT_S`); ``notes``:
+    lines for the notebook's index card (e.g. why PNGs were skipped); ``log``: where the
+    progress lines go (none when not given).
+    """
     import nbformat
     import papermill
     from papermill.exceptions import PapermillExecutionError
@@ -186,6 +295,7 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
         result.params = _params.resolve(src, profile, overrides)
     except Exception as exc:  # noqa: BLE001 - bad JSON or parameters: a failed card, not a crash
         result.ok, result.error = False, f"{type(exc).__name__}: {exc}"
+    progress = Progress(name, log) if log else None
     staging = Path(tempfile.mkdtemp(prefix=f".{name}{FIGURES_SUFFIX}.", dir=out_dir))
     fd, running = tempfile.mkstemp(prefix=f".{name}.running-", suffix=".ipynb", dir=out_dir)
     os.close(fd)
@@ -196,17 +306,22 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
         with _environ(**env):
             try:
                 if result.ok:
+                    _register_engine()
                     papermill.execute_notebook(
                         str(src), str(running), parameters=result.params, language="python",
                         kernel_name=kernel or kernel_name(), cwd=str(src.parent),
-                        progress_bar=False, log_output=False, start_timeout=120,
-                        execution_timeout=timeout)
+                        progress_bar=False, log_output=False, start_timeout=KERNEL_START_TIMEOUT_S,
+                        execution_timeout=timeout or DEFAULT_CELL_TIMEOUT_S, engine_name=ENGINE,
+                        progress=progress)
             except PapermillExecutionError as exc:
                 result.ok, result.failed_cell = False, exc.exec_count
                 result.failed_source, result.error = exc.source, f"{exc.ename}: {exc.evalue}"
             except Exception as exc:  # noqa: BLE001 - dead kernel, timeout, bad notebook: report, go on
                 result.ok, result.error = False, f"{type(exc).__name__}: {exc}"
         executed = time.perf_counter() - start
+        if progress:
+            progress.close()
+            progress._line("exporting HTML")
         nb = _load_for_report(running, src, result.error)
         if not result.ok and result.failed_source is None:
             cell, source, err = _failure(nb)
@@ -223,7 +338,7 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
             "profile": profile, "ok": result.ok, "seconds": round(result.seconds, 2),
             "execute_seconds": round(executed, 2), "params": result.params, "error": result.error,
             "failed_cell": result.failed_cell, "failed_source": result.failed_source,
-            "warnings": result.warnings,
+            "warnings": result.warnings, "notes": list(notes or []),
             "rendered_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
         # The executed notebook goes last: the index is read from it.
@@ -232,6 +347,8 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
         atomic_write(out_dir / f"{name}.ipynb", lambda p: nbformat.write(nb, str(readable(p))))
         return result
     finally:
+        if progress:
+            progress.close()
         running.unlink(missing_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -243,7 +360,9 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
     """Render every notebook in ``notebooks_dir`` (default ``<repo>/notebooks``) into ``out_dir``.
 
     Bad input (unknown ``only`` names, unknown parameters) raises :class:`ParamsError` before
-    any notebook runs. Notebook failures do not raise: check ``Result.ok``.
+    any notebook runs. Notebook failures do not raise: check ``Result.ok``. With ``png`` and no
+    browser for kaleido (:func:`lab.report.notebook.find_browser`), PNGs are skipped with one
+    ``log`` line and a note in the index.
     """
     from lab.report.index import write_index
 
@@ -256,16 +375,31 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
     for src in sources:  # fail fast on bad parameters, before any kernel starts
         _params.resolve(src, profile, overrides)
     logging.getLogger("papermill").setLevel(logging.WARNING)
+    notes = []
+    if png and _nbh.find_browser() is None:
+        notes.append(_nbh.no_browser_note())
+        log(notes[0])
+        png = False
     kernel = kernel or kernel_name()
     results = []
     for i, src in enumerate(sources, 1):
         log(f"[{i}/{len(sources)}] {src.name} ({profile} parameters, kernel {kernel}) ...")
         res = render_one(src, out_dir, profile=profile, overrides=overrides, png=png, kernel=kernel,
-                         timeout=timeout)
+                         timeout=timeout, notes=notes, log=log)
         results.append(res)
         numbers = "  ".join(f"{k}={_nbh._format(v)}" for k, v in res.metrics.items())
         log(f"      {'ok' if res.ok else 'FAILED'} in {res.seconds:.1f} s  {numbers}".rstrip())
         for w in res.warnings:
             log(f"      warning: {w}")
         write_index(out_dir, notebooks_dir)
+    log(wall_time_table(results))
     return results
+
+
+def wall_time_table(results: list[Result]) -> str:
+    """Per-notebook status and wall time, and the total, as a plain-text table."""
+    width = max([len(r.name) for r in results] + [len("notebook")])
+    lines = ["", f"{'notebook':<{width}}  status  wall time", f"{'-' * width}  ------  ---------"]
+    lines += [f"{r.name:<{width}}  {'ok' if r.ok else 'FAILED':<6}  {r.seconds:7.1f} s" for r in results]
+    lines.append(f"{'total':<{width}}  {'':<6}  {sum(r.seconds for r in results):7.1f} s")
+    return "\n".join(lines)
