@@ -59,5 +59,5 @@ def register(subparsers) -> None:
     p.add_argument("--kernel", metavar="NAME",
                    help="Jupyter kernel (default: continual-lab, else python3)")
     p.add_argument("--timeout", type=float, metavar="SECONDS",
-                   help="fail a cell that runs longer than this (default: no limit)")
+                   help="fail a cell that runs longer than this (default: 7200)")
     p.set_defaults(func=_cmd)
