@@ -3,11 +3,19 @@ of each real notebook per session (the browser test reuses what test_notebooks r
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+from lab.report.notebook import find_browser
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("."))
-CHROMIUM = Path("/usr/bin/chromium")
+_found = find_browser()
+BROWSER = Path(_found) if _found and Path(_found).is_file() else None  # what kaleido would start
+CHROMIUM = BROWSER  # kept for older imports
 CELL_TIMEOUT_S = 600  # a hung smoke cell fails its test instead of eating CI's time
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync"]
@@ -78,3 +86,76 @@ def smoke_report(tmp_path_factory, notebook: Path) -> dict:
 
 def load_index(out: Path) -> dict[str, dict]:
     return {c["name"]: c for c in json.loads((out / "index.json").read_text())["notebooks"]}
+
+
+# --- a machine without the optional extras, made real with a mount namespace ----------------
+
+def browser_candidates() -> list[Path]:
+    """Every file kaleido's browser discovery (choreographer) could pick on this machine."""
+    from choreographer.browsers._chrome_constants import chromium_based_browsers
+    from choreographer.cli._cli_utils import get_chrome_download_path, get_old_chrome_download_path
+
+    found = [get_chrome_download_path(mkdir=False), get_old_chrome_download_path()]
+    for info in chromium_based_browsers.values():
+        found += [shutil.which(n) for n in info.exe_names] + list(info.typical_paths)
+    out = []
+    for p in found:
+        if p and Path(p).is_file() and Path(p).resolve() not in out:
+            out.append(Path(p).resolve())
+    return out
+
+
+def _unshare_prefix() -> list[str] | None:
+    """``unshare`` arguments that give a private mount namespace here, or None (then skip)."""
+    if not shutil.which("unshare"):
+        return None
+    for prefix in (["unshare", "-m"], ["unshare", "-r", "-m"]):
+        try:
+            ok = subprocess.run([*prefix, "sh", "-c", "mount -t tmpfs none /mnt 2>/dev/null || "
+                                 "mount --bind /dev/null /dev/null"], capture_output=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if ok.returncode == 0:
+            return prefix
+    return None
+
+
+UNSHARE = _unshare_prefix()
+UNSHARE_REASON = "cannot make a private mount namespace here (needs root or unprivileged user namespaces)"
+# Optional for the main job: a browser (PNGs), the full Fashion-MNIST (Debian package), playwright.
+OPTIONAL_DIRS = [Path("/usr/share/datasets/fashion-mnist")]
+
+
+def run_hidden(argv: list[str], *, hide_files: list[Path], hide_dirs: list[Path], timeout: float,
+               cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` where ``hide_files`` are ``/dev/null`` (not executable, not a file) and
+    ``hide_dirs`` are empty, in a private mount namespace: nothing changes outside it.
+
+    The mounts happen in a shell inside the namespace, then ``argv`` replaces it; the whole
+    process tree is killed after ``timeout`` seconds (``subprocess.TimeoutExpired``)."""
+    import shlex
+
+    script = ["set -e"]
+    script += [f"mount --bind /dev/null {shlex.quote(str(f))}" for f in hide_files]
+    script += [f"mount -t tmpfs none {shlex.quote(str(d))}" for d in hide_dirs if d.is_dir()]
+    script.append("exec " + shlex.join(map(str, argv)))
+    proc = subprocess.Popen([*UNSHARE, "sh", "-c", "\n".join(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=cwd, start_new_session=True,
+                            env={k: v for k, v in (env or os.environ).items() if k != "BROWSER_PATH"})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate(timeout=30)
+        raise subprocess.TimeoutExpired(argv, timeout, output=out) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, None)
+
+
+def python_package_dir(name: str) -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    return Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None
+
+
+PYTHON = Path(sys.executable)

@@ -1,0 +1,88 @@
+"""The main job on a machine without its optional extras: no Chrome/Chromium, no Debian
+Fashion-MNIST, no playwright. Nothing is mocked: each run happens in a private mount namespace
+where those files really are gone (``/dev/null`` over each browser kaleido could find, an empty
+folder over the others), so kaleido's own browser discovery genuinely fails. Every run has a
+hard timeout: a hang fails the test instead of eating CI's time."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from _report_helpers import (OPTIONAL_DIRS, ROOT, UNSHARE, UNSHARE_REASON, browser_candidates,
+                             load_index, python_package_dir, run_hidden, write_tiny_notebooks)
+
+pytestmark = [pytest.mark.notebook,
+              pytest.mark.skipif(UNSHARE is None, reason=UNSHARE_REASON)]
+
+LAB = Path(sys.executable).with_name("lab")
+HARD_TIMEOUT_S = 300  # the smoke quickstart takes ~15 s; a hang is what this catches
+
+
+def _hidden_dirs() -> list[Path]:
+    dirs = [d for d in OPTIONAL_DIRS if d.is_dir()]
+    playwright = python_package_dir("playwright")
+    return dirs + ([playwright] if playwright else [])
+
+
+def _run(argv, **kw) -> subprocess.CompletedProcess:
+    return run_hidden(argv, hide_files=browser_candidates(), hide_dirs=_hidden_dirs(),
+                      timeout=HARD_TIMEOUT_S, **kw)
+
+
+def test_the_namespace_really_hides_the_extras():
+    """The premise of the other tests: in there kaleido's discovery finds nothing."""
+    probe = textwrap.dedent("""
+        import json
+        try:
+            import playwright.sync_api
+            playwright = True
+        except ImportError:
+            playwright = False
+        from choreographer.browsers.chromium import Chromium
+        from lab.data.datasets import DEBIAN_FASHION
+        print(json.dumps({"browser": Chromium.find_browser(skip_local=False),
+                          "playwright": playwright,
+                          "fashion": (DEBIAN_FASHION / "train-images-idx3-ubyte.gz").exists()}))""")
+    res = _run([sys.executable, "-c", probe])
+    assert res.returncode == 0, res.stdout
+    seen = json.loads(res.stdout.strip().splitlines()[-1])
+    assert seen == {"browser": None, "playwright": False, "fashion": False}
+
+
+def test_quickstart_report_without_a_browser_finishes_with_one_line_and_a_note(tmp_path):
+    """`lab report --params smoke --only 00_quickstart` where no browser exists."""
+    out = tmp_path / "reports"
+    res = _run([LAB, "report", "--params", "smoke", "--only", "00_quickstart", "--out", out],
+               cwd=tmp_path)
+    assert res.returncode == 0, res.stdout
+    skipped = [ln for ln in res.stdout.splitlines() if ln.startswith("PNG export skipped")]
+    assert len(skipped) == 1, res.stdout  # one line, before the first notebook
+    assert res.stdout.index(skipped[0]) < res.stdout.index("[1/1] 00_quickstart.ipynb")
+    assert "chromium" in skipped[0]  # says how to get one
+    page = (out / "index.html").read_text()
+    assert "run-note'>Note: PNG export skipped" in page
+    card = load_index(out)["00_quickstart"]
+    assert card["ok"] and card["figures"] == [] and card["metrics"]
+    assert not (out / "00_quickstart_figures").exists()
+    assert "plotly-graph-div" in (out / "00_quickstart.html").read_text()  # the report is whole
+
+
+def test_save_png_in_the_kernel_without_a_browser_notes_it_and_goes_on(tmp_path):
+    """The path that used to hang: the kernel asks kaleido for a PNG and there is no browser
+    (render_one with PNGs on, so the up-front check is not there to save it)."""
+    nbdir = write_tiny_notebooks(tmp_path / "nb", bad=False)
+    out = tmp_path / "out"
+    script = (f"from pathlib import Path; from lab.report.pipeline import render_one\n"
+              f"r = render_one(Path({str(nbdir / 'a_good.ipynb')!r}), Path({str(out)!r}), png=True)\n"
+              f"print('RESULT', r.ok, r.error)")
+    res = _run([sys.executable, "-c", script], cwd=ROOT)
+    assert res.returncode == 0 and "RESULT True None" in res.stdout, res.stdout
+    notes = (out / "a_good_figures" / "_notes.txt").read_text()
+    assert notes.startswith("PNG export skipped: kaleido finds no Chrome/Chromium")
+    assert len(notes.splitlines()) == 1
+    assert not list(out.glob("a_good_figures/*.png"))
