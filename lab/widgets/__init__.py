@@ -1,32 +1,53 @@
-"""ipywidgets panels for exploratory ablations in the notebooks (issue 5, "Widgets").
+"""ipywidgets panels for exploratory ablations in the notebooks.
 
-Every panel is a :class:`Panel`: named controls, a status line and an output area. Changing a
-control calls :meth:`Panel.refresh`, which recomputes ``panel.result`` (plain numbers / tables) and
-``panel.figures`` (plotly) from cached features — never from new backbone passes — so the panel
-feels live. The logic is plain Python, so tests drive a panel without a browser::
+Every panel is a :class:`Panel`: named controls, a reset button, a status line and an output area
+that holds the panel's figures. Changing a control calls :meth:`Panel.refresh`, which recomputes
+``panel.result`` (plain numbers / tables) and ``panel.figures`` (plotly) from cached features —
+never from new backbone passes — and writes the new figures into the panel's own output area. The
+logic is plain Python, so tests drive a panel without a browser::
 
     panel = ToscaPanel(data)
     panel.controls["l1"].value = 1e-2      # the callback retrains and refreshes synchronously
-    panel.result["accuracy"]
+    panel.result["accuracy"], panel.output.outputs   # the numbers, and what the reader sees
+
+How the figures reach the page: each figure is written into the ``Output`` widget as its plotly
+JSON under ``application/vnd.plotly.v1+json`` (:func:`figure_output`), which JupyterLab 4 and
+Notebook 7 draw with plotly's own renderer extension (``jupyterlab-plotly``, installed with
+plotly). Going through IPython's display machinery instead (``append_display_data(fig)``,
+``display(fig)``) does not work for plotly figures: they implement ``_ipython_display_``, which
+*shows* the figure as a side effect and returns nothing to the output widget — during the cell's
+first run that side effect lands in the cell's own output (a stray copy above the panel), and from
+a browser-triggered callback it lands nowhere, so the panel never redraws. (plotly's
+``FigureWidget`` would update in place, but needs the ``anywidget`` package; replacing the JSON
+costs a few milliseconds and needs nothing extra.)
+
+While a refresh runs, the status line says "computing…", the figures are dimmed and the controls
+are disabled; the status line ends with the seconds the refresh took.
 
 Under papermill a panel executes once with its defaults (the offline HTML shows a static note).
 
 * :class:`~lab.widgets.ventral.StagePanel` — pick a stage of the frozen backbone: decodability,
   projection, CKA with the other stages (notebook 01).
-* :class:`~lab.widgets.tosca.ToscaPanel` — L1 slider / epochs / routing picker re-training TOSCA
-  on cached features: accuracy, gate sparsity, task overlap (notebook 02).
+* :class:`~lab.widgets.tosca.ToscaPanel` — L1 slider / epochs / σ parametrisation / routing /
+  baseline pickers re-training TOSCA on cached features: accuracy, gate sparsity, task overlap,
+  a baseline for comparison (notebook 02).
 * :class:`~lab.widgets.aware.MaskPanel` — rho / rule / calibration set / target pickers re-running
   AWARe's masking rule on stored saliency (notebook 03).
-* :class:`~lab.widgets.aware.AblationPanel` — browse an ablation results table (notebook 04).
+* :class:`~lab.widgets.aware.AblationPanel` — browse an ablation results table, and re-select the
+  frozen rows live on the run's stored saliency (notebook 04).
 """
 from __future__ import annotations
 
+import html
 import time
 from importlib import import_module
 from typing import Any
 
 _LAZY = {"StagePanel": "ventral", "ToscaPanel": "tosca", "MaskPanel": "aware", "AblationPanel": "aware"}
-__all__ = ["Panel", *_LAZY]
+__all__ = ["Panel", "figure_output", "PLOTLY_MIME", *_LAZY]
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+BUSY = "computing…"
 
 
 def __getattr__(name):
@@ -35,9 +56,25 @@ def __getattr__(name):
     raise AttributeError(f"module 'lab.widgets' has no attribute {name!r}")
 
 
+def figure_title(fig) -> str:
+    t = fig.layout.title.text if fig.layout.title is not None else None
+    return t or ""
+
+
+def figure_output(fig) -> dict:
+    """One output-area entry (nbformat ``display_data``) for a plotly figure: its JSON under
+    plotly's mimetype, as plotly's ``plotly_mimetype`` renderer writes it, plus a text fallback.
+    Built directly from the figure — never through IPython's display formatter (see module doc)."""
+    import plotly.io as pio
+
+    bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
+    bundle["text/plain"] = f"<plotly figure: {figure_title(fig) or 'untitled'}>"
+    return {"output_type": "display_data", "data": bundle, "metadata": {}}
+
+
 class Panel:
     """Base class: subclasses build ``controls`` and implement ``compute(**values) -> (result, figures)``
-    and optionally ``describe(result) -> str`` (the status line)."""
+    and optionally ``describe(result) -> str`` (the status line, HTML)."""
 
     title = ""
 
@@ -45,13 +82,22 @@ class Panel:
         import ipywidgets as w
 
         self.controls = controls
+        self.initial = {k: c.value for k, c in controls.items()}  # the notebook's parameters
         self.output = w.Output()
+        self.output.add_class("lab-panel-output")
         self.status = w.HTML()
+        self.status.add_class("lab-panel-status")
+        self.reset_button = w.Button(description="reset", icon="undo",
+                                     tooltip="reset every control to the notebook's parameters")
+        self.reset_button.add_class("lab-panel-reset")
+        self.reset_button.on_click(lambda _b: self.reset())
         self.result: Any = None
         self.figures: list = []
         self.error: str | None = None
         self.seconds = 0.0
         self.refreshes = 0
+        self._hold = False
+        self._widget = None
         for c in controls.values():
             c.observe(self._on_change, names="value")
         self.refresh()  # the defaults: errors here propagate (a notebook run must fail loudly)
@@ -65,33 +111,59 @@ class Panel:
     def describe(self, result) -> str:
         return ""
 
+    def _busy(self, on: bool) -> None:
+        """The "computing…" state: a status line, dimmed figures, disabled controls."""
+        for c in (*self.controls.values(), self.reset_button):
+            c.disabled = on
+        self.output.layout.opacity = "0.35" if on else "1"
+        if on:
+            self.status.value = f"<i>{BUSY}</i>"
+
     def refresh(self) -> None:
         t0 = time.perf_counter()
-        self.result, self.figures = self.compute(**self.values())
+        self._busy(True)
+        try:
+            self.result, self.figures = self.compute(**self.values())
+        finally:
+            self._busy(False)
         self.seconds, self.error = time.perf_counter() - t0, None
         self.refreshes += 1
         self.status.value = f"{self.describe(self.result)} <small>({self.seconds:.1f} s)</small>"
-        # Set the Output widget's contents directly rather than `with self.output: display(...)`:
-        # capturing through the context manager can stall nbclient/papermill on the executing
-        # cell (seen with ipykernel 7 / nbclient 0.11) until its timeout.
-        self.output.outputs = ()
-        for fig in self.figures:
-            self.output.append_display_data(fig)
+        # Set the Output widget's contents directly (not `with self.output: display(...)`, which can
+        # stall nbclient/papermill on the executing cell, and not `append_display_data(fig)`, which
+        # shows plotly figures outside the panel — see the module docstring).
+        self.output.outputs = tuple(figure_output(f) for f in self.figures)
+
+    def reset(self) -> None:
+        """Every control back to the notebook's parameters; one refresh."""
+        self._hold = True
+        try:
+            for k, v in self.initial.items():
+                self.controls[k].value = v
+        finally:
+            self._hold = False
+        self._on_change(None)
 
     def _on_change(self, _change) -> None:
+        if self._hold:
+            return
         try:
             self.refresh()
         except Exception as exc:  # noqa: BLE001 - keep the panel alive; show what went wrong
             self.error = f"{type(exc).__name__}: {exc}"
-            self.status.value = f"<b style='color:#b00'>{self.error}</b>"
+            self.status.value = f"<b style='color:#b00'>{html.escape(self.error)}</b>"
 
     @property
     def widget(self):
         import ipywidgets as w
 
-        head = [w.HTML(f"<b>{self.title}</b>")] if self.title else []
-        return w.VBox([*head, w.HBox(list(self.controls.values()), layout=w.Layout(flex_flow="row wrap")),
-                       self.status, self.output])
+        if self._widget is None:
+            head = [w.HTML(f"<b>{self.title}</b>")] if self.title else []
+            self._widget = w.VBox([*head, w.HBox([*self.controls.values(), self.reset_button],
+                                                 layout=w.Layout(flex_flow="row wrap")),
+                                   self.status, self.output])
+            self._widget.add_class("lab-panel")
+        return self._widget
 
     def _ipython_display_(self):
         from IPython.display import display

@@ -56,7 +56,7 @@ class MaskPanel(Panel):
                   "overlap_with_reference": mask_overlap(self.reference, common)["jaccard"] if common else float("nan")}
         figs = [views.frozen_by_layer({f"{rule}, rho={rho:g}": masks},
                                       targets=[t for t in views.MAIN_TARGETS + ("gate_proj", "up_proj", "down_proj")],
-                                      title=f"frozen fraction of every layer ({targets}, {profile})")]
+                                      title=f"frozen fraction of every layer ({rule}, rho={rho:g}, {targets}, {profile})")]
         rows = self._layers[(self._layers.target == show) & (self._layers.layer == layer)]
         if show in views.layer_table(masks).target.values:
             figs.append(views.mask_image(masks, show, title=f"{show}: frozen rows (red), layer x neuron"))
@@ -76,23 +76,56 @@ class MaskPanel(Panel):
 
 
 class AblationPanel(Panel):
-    """``results``: the tidy table of :func:`lab.aware.ablate.sweep` (or a saved run's)."""
+    """``results``: the tidy table of :func:`lab.aware.ablate.sweep` (or a saved run's).
 
-    title = "Browse the ablation: group and metric"
+    With ``study`` (a :class:`lab.aware.views.Study`, e.g. the run's stored saliency via
+    :meth:`from_run`) the panel also re-selects AWARe's frozen rows live — selection rule, rho,
+    targets and calibration set — on that saliency (milliseconds, no model pass, no fine-tuning):
+    what each setting would freeze, layer by layer, next to what the run measured for it.
+    """
+
+    title = "Browse the ablation (group, metric) and re-select the frozen rows on the run's saliency"
     METRICS = ("H", "R", "E", "downstream", "up_easy_vqa", "up_probe", "trainable_frac")
 
-    def __init__(self, results, *, group: str = "methods", metric: str = "H"):
+    def __init__(self, results, *, group: str = "methods", metric: str = "H", study=None, rule: str = "activation-global",
+                 rho: float = 0.3, targets: str = "qkv+projector", profile: str | None = None, seed: int = 0):
         import ipywidgets as w
 
-        self.results = results
+        self.results, self.study, self.seed = results, study, seed
         groups = list(dict.fromkeys(results.group))
-        super().__init__({
+        controls = {
             "group": w.Dropdown(options=groups, value=group if group in groups else groups[0], description="group"),
             "metric": w.Dropdown(options=[m for m in self.METRICS if m in results.columns], value=metric,
                                  description="metric"),
-        })
+        }
+        if study is not None:
+            import torch
 
-    def compute(self, group, metric):
+            has_norms = not any(bool(torch.isnan(v).any()) for v in study.norms.values())
+            rules = [r for r in RULES if r != "weight-norm" or has_norms]  # weight norms need the model's rows
+            sets = [t for t in TARGET_SETS if study.layers(t)]
+            controls.update({
+                "rule": w.Dropdown(options=rules, value=rule, description="rule"),
+                "rho": w.FloatSlider(value=rho, min=0.0, max=1.0, step=0.05, description="rho",
+                                     continuous_update=False),
+                "targets": w.Dropdown(options=sets, value=targets if targets in sets else sets[0], description="targets"),
+                "profile": w.Dropdown(options=study.labels, value=profile or study.labels[0], description="calibration"),
+            })
+        super().__init__(controls)
+
+    @classmethod
+    def from_run(cls, run: dict, **kw) -> "AblationPanel":
+        """The panel for a run of :func:`lab.aware.views.run_sweep` / ``load_run``: its results
+        table and, when the run folder holds saliency profiles, live mask re-selection on them."""
+        from pathlib import Path
+
+        from lab.aware.views import Study
+
+        folder = Path(run.get("run_dir") or "")
+        study = Study.load(folder) if folder.is_dir() and any(folder.glob("saliency_*.safetensors")) else None
+        return cls(run["results"], study=study, **kw)
+
+    def compute(self, group, metric, rule=None, rho=None, targets=None, profile=None):
         from lab import plots
         from lab.aware.views import summary
 
@@ -103,8 +136,48 @@ class AblationPanel(Panel):
         if pct:
             fig.add_hline(y=100, line_dash="dot", line_color="grey")
         best = s.loc[s[metric].idxmax()]
-        return {"group": group, "metric": metric, "table": s, "best": best.variant,
-                "best_value": float(best[metric])}, [fig]
+        result = {"group": group, "metric": metric, "table": s, "best": best.variant,
+                  "best_value": float(best[metric])}
+        figs = [fig]
+        if self.study is not None:
+            from lab.aware import views
+            from lab.aware.masking import frozen_fraction
+
+            masks = self.study.select(profile, rho, rule, targets, seed=self.seed)
+            by_target = views.frozen_by_target({"frozen": masks})["frozen"]
+            result.update({"rule": rule, "rho": float(rho), "targets": targets, "profile": profile, "masks": masks,
+                           "frozen_fraction": frozen_fraction(masks), "by_target": by_target.to_dict(),
+                           "measured": self._measured(rule, rho, targets, profile)})
+            figs.append(views.frozen_by_layer({f"{rule}, rho={rho:g}": masks}, targets=list(views.ALL_TARGETS),
+                                              title=f"frozen fraction per layer: {rule}, rho={rho:g}, {targets}, "
+                                                    f"calibration {profile}"))
+        return result, figs
+
+    def _measured(self, rule, rho, targets, profile) -> dict | None:
+        """The run's mean R/E/H for this exact selection (rule, rho, targets, calibration set ``kind-n``),
+        when it fine-tuned one (else ``None``)."""
+        r = self.results
+        if "rule" not in r or "rho" not in r:
+            return None
+        rows = r[(r.rule == rule) & ((r.rho - float(rho)).abs() < 1e-9)]
+        if "targets" in r:
+            rows = rows[rows.targets == targets]
+        kind, _, n = str(profile).rpartition("-")
+        if "calib" in r and kind:
+            rows = rows[rows.calib == kind]
+        if "calib_n" in r and n.isdigit():
+            rows = rows[rows.calib_n == int(n)]
+        if not len(rows):
+            return None
+        return {k: float(rows[k].mean()) for k in ("R", "E", "H") if k in rows}
 
     def describe(self, r) -> str:
-        return f"{r['group']}: highest {r['metric']} is <b>{r['best']}</b> ({r['best_value']:.3g})"
+        line = f"{r['group']}: highest {r['metric']} is <b>{r['best']}</b> ({r['best_value']:.3g})"
+        if "frozen_fraction" in r:
+            per = ", ".join(f"{k} {v * 100:.0f}%" for k, v in r["by_target"].items() if k != "all targets")
+            m = r["measured"]
+            seen = (" — the run measured " + ", ".join(f"{k} {v:.1f}" for k, v in m.items()) if m
+                    else " — not fine-tuned in this run")
+            line += (f"<br>{r['rule']}, rho={r['rho']:g}, {r['targets']}: <b>{r['frozen_fraction'] * 100:.1f}%</b> "
+                     f"of target rows frozen ({per}){seen}")
+        return line

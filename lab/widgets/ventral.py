@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from lab.widgets import Panel
 
+PROJECTION_NAMES = {"pca": "PCA", "tsne": "t-SNE"}  # lab.probes.project_2d's methods, as a reader names them
+
 
 class StagePanel(Panel):
     """Pick a stage (and a 2-D projection): its linear-probe and nearest-prototype accuracy, the
@@ -22,10 +24,12 @@ class StagePanel(Panel):
         self.class_names, self.epochs, self.max_points = list(class_names), epochs, max_points
         self._probe: dict[str, tuple[float, float]] = {}
         self._cka: dict[str, dict[str, float]] = {}
+        self._proj: dict[tuple[str, str], object] = {}  # (stage, projection) -> [N, 2]
         stages = list(train)
         super().__init__({
             "stage": w.Dropdown(options=stages, value=stage or stages[-1], description="stage"),
-            "projection": w.ToggleButtons(options=["pca", "tsne"], value=projection, description="projection"),
+            "projection": w.ToggleButtons(options=[(v, k) for k, v in PROJECTION_NAMES.items()], value=projection,
+                                          description="projection"),
         })
 
     def compute(self, stage: str, projection: str):
@@ -38,17 +42,21 @@ class StagePanel(Panel):
                 probes.prototype_accuracy(self.train[stage], self.train_y, self.test[stage], self.test_y))
             self._cka[stage] = {s: analysis.linear_cka(self.test[stage], self.test[s]) for s in self.test}
         lin, proto = self._probe[stage]
-        z = probes.project_2d(self.test[stage], projection)
+        if (stage, projection) not in self._proj:  # t-SNE takes seconds: computed once per stage
+            self._proj[stage, projection] = probes.project_2d(self.test[stage], projection)
+        z = self._proj[stage, projection]
         scatter = plots.scatter_2d(z, self.test_y, self.class_names, max_points=self.max_points,
-                                   title=f"{stage} ({self.test[stage].shape[1]} channels), {projection.upper()} of test features")
+                                   title=f"{stage} ({self.test[stage].shape[1]} channels), "
+                                         f"{PROJECTION_NAMES[projection]} of test features")
         import pandas as pd
 
         cka = pd.DataFrame({"stage": list(self._cka[stage]), "cka": list(self._cka[stage].values())})
         bar = plots.bar(cka, x="stage", y="cka", title=f"linear CKA of {stage} with every stage (test images)")
-        result = {"stage": stage, "dim": int(self.test[stage].shape[1]), "linear_probe": lin, "prototype": proto,
+        result = {"stage": stage, "projection": projection, "dim": int(self.test[stage].shape[1]),
+                  "linear_probe": lin, "prototype": proto,
                   "cka": dict(self._cka[stage])}
         return result, [scatter, bar]
 
     def describe(self, r) -> str:
-        return (f"<b>{r['stage']}</b>: linear probe {r['linear_probe']:.3f}, nearest prototype "
+        return (f"<b>{r['stage']}</b> ({PROJECTION_NAMES[r['projection']]}): linear probe {r['linear_probe']:.3f}, nearest prototype "
                 f"{r['prototype']:.3f} ({r['dim']} channels)")
