@@ -158,4 +158,13 @@ def python_package_dir(name: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))) if spec and spec.submodule_search_locations else None
 
 
-PYTHON = Path(sys.executable)
+def hard_timeout(seconds: float):
+    """pytest-timeout's mark (a dev dependency): the test fails after ``seconds`` instead of
+    hanging; without the plugin, a no-op mark."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("pytest_timeout"):
+        return pytest.mark.timeout(seconds)
+    return pytest.mark.usefixtures()

@@ -1,5 +1,6 @@
-"""A real browser (Playwright + Debian's Chromium) opens the rendered reports: every plotly figure
-draws, and no page asks for anything off this machine."""
+"""A real browser (Playwright + the Chrome/Chromium kaleido finds, e.g. Debian's) opens the rendered
+reports: every plotly figure draws, and no page asks for anything off this machine. Skipped with
+the reason when there is no browser or no playwright; every wait has a limit."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,13 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from _report_helpers import CHROMIUM, CHROMIUM_ARGS, NOTEBOOKS, smoke_report, tiny_reports
+from _report_helpers import BROWSER, CHROMIUM_ARGS, NOTEBOOKS, hard_timeout, smoke_report, tiny_reports
+from lab.report.notebook import enable_png_command
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, hard_timeout(600)]  # a notebook's smoke render included
 
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} not found (Debian: apt-get install chromium)", allow_module_level=True)
+if not BROWSER:
+    pytest.skip(f"no Chrome/Chromium found (enable with: {enable_png_command()})", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+LAUNCH_TIMEOUT_MS = 60_000
+PAGE_TIMEOUT_MS = 30_000
 
 _LOCAL = re.compile(r"^(file:|data:|blob:|about:|https?://(127\.0\.0\.1|localhost)[:/])")
 _ALL_DRAWN = "() => [...document.querySelectorAll('.plotly-graph-div')].every(d => d.querySelector('.main-svg'))"
@@ -23,7 +27,8 @@ _ALL_DRAWN = "() => [...document.querySelectorAll('.plotly-graph-div')].every(d 
 @pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        b = p.chromium.launch(executable_path=str(BROWSER), args=CHROMIUM_ARGS, headless=True,
+                              timeout=LAUNCH_TIMEOUT_MS)
         yield b
         b.close()
 
@@ -34,15 +39,16 @@ def open_page(browser, path: Path) -> dict:
     # Nothing may leave the machine: record every request, and refuse non-local ones at once.
     context.route(re.compile(r"^https?://"), lambda route: route.continue_()
                   if _LOCAL.match(route.request.url) else route.abort())
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
     page = context.new_page()
     requests, errors = [], []
     page.on("request", lambda r: requests.append(r.url))
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
-        page.goto(path.as_uri(), wait_until="load")
+        page.goto(path.as_uri(), wait_until="load", timeout=PAGE_TIMEOUT_MS)
         n_divs = page.locator(".plotly-graph-div").count()
         if n_divs:
-            page.wait_for_function(_ALL_DRAWN, timeout=30_000)
+            page.wait_for_function(_ALL_DRAWN, timeout=PAGE_TIMEOUT_MS)
         drawn = page.eval_on_selector_all(
             ".plotly-graph-div", "ds => ds.filter(d => d.querySelector('.main-svg')).length")
         broken_imgs = page.eval_on_selector_all(

@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 
+from _report_helpers import hard_timeout
 from lab import jupyter
 
 
@@ -55,23 +56,31 @@ def _get(url: str) -> tuple[int, bytes]:
 
 
 @pytest.mark.slow
+@hard_timeout(180)
 def test_server_starts_and_requires_the_token(tmp_path):
-    (tmp_path / "x.ipynb").write_text(json.dumps(
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "x.ipynb").write_text(json.dumps(
         {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     port = jupyter._free_port(8950)
+    log = open(tmp_path / "jupyter.log", "wb")  # a file, not a pipe nobody reads (a full pipe blocks)
     proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "jupyter", "--port", str(port), "--token", "t0k",
-                             "--root-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             "--root-dir", str(root)], stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(120):
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"JupyterLab exited with {proc.returncode}: "
+                            f"{(tmp_path / 'jupyter.log').read_text(errors='replace')[-2000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail("JupyterLab did not answer within 60 s")
             time.sleep(0.5)
             try:
                 if _get(f"{base}/api/status?token=t0k")[0] == 200:
                     break
             except OSError:
                 continue
-        else:
-            pytest.fail("JupyterLab did not answer within 60 s")
         assert _get(f"{base}/api/status")[0] == 403
         specs = json.loads(_get(f"{base}/api/kernelspecs?token=t0k")[1])
         if "continual-lab" in specs["kernelspecs"]:
@@ -80,4 +89,9 @@ def test_server_starts_and_requires_the_token(tmp_path):
         assert [c["name"] for c in contents["content"]] == ["x.ipynb"]
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+        log.close()
