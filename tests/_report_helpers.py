@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from lab.report.notebook import find_browser
@@ -15,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("."))
 _found = find_browser()
 BROWSER = Path(_found) if _found and Path(_found).is_file() else None  # what kaleido would start
-CHROMIUM = BROWSER  # kept for older imports
 CELL_TIMEOUT_S = 600  # a hung smoke cell fails its test instead of eating CI's time
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync"]
