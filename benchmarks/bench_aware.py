@@ -1,6 +1,9 @@
-"""AWARe cost on the offline mini-LLaVA, measured in one run (issue 4, "benchmarks").
+"""AWARe cost on the offline mini-LLaVA, measured in one run (docs/aware.md, "Cost").
 
 - training-step time, AWARe (rho=0.3, q/k/v+projector) / full fine-tuning   (target <= 1.0)
+- training-step time of the row-frozen layer, ``RowSplitLinear`` (the original Linear kept as
+  ``base_layer``, trainable rows scattered in) / the earlier split into two parameters gathered back
+  at every forward (kept below only for this comparison), same model, steps interleaved (target <= 1.0)
 - optimizer-state memory, AWARe / full                                        (target <= trainable fraction)
 - profiling time per calibration sample
 (LoRA at the matched rank is timed too, for reference.)
@@ -20,6 +23,44 @@ import statistics
 import time
 
 import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class _TwoBlockRowSplit(nn.Module):
+    """The earlier row-frozen layer, for timing only: the original Linear's rows copied into a
+    trainable and a frozen parameter, concatenated and re-ordered at every forward."""
+
+    def __init__(self, base: nn.Linear, frozen_rows: torch.Tensor):
+        super().__init__()
+        dev = base.weight.device
+        f_idx, t_idx = frozen_rows.nonzero().flatten().to(dev), (~frozen_rows).nonzero().flatten().to(dev)
+        self.register_buffer("order", torch.argsort(torch.cat([t_idx, f_idx])), persistent=False)
+        w = base.weight.detach()
+        self.trainable_weight = nn.Parameter(w[t_idx].clone())
+        self.frozen_weight = nn.Parameter(w[f_idx].clone(), requires_grad=False)
+        self.trainable_bias = self.frozen_bias = None
+        if base.bias is not None:
+            b = base.bias.detach()
+            self.trainable_bias = nn.Parameter(b[t_idx].clone())
+            self.frozen_bias = nn.Parameter(b[f_idx].clone(), requires_grad=False)
+
+    def forward(self, x):
+        w = torch.cat([self.trainable_weight, self.frozen_weight])[self.order]
+        b = None if self.trainable_bias is None else torch.cat([self.trainable_bias, self.frozen_bias])[self.order]
+        return F.linear(x, w, b)
+
+
+def _with_two_block_split(model):
+    """``model`` (prepared for AWARe) with every RowSplitLinear replaced by the earlier layer."""
+    from lab.aware.freeze import RowSplitLinear
+
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, RowSplitLinear):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child,
+                    _TwoBlockRowSplit(mod.base_layer, mod.frozen_rows))
+    return model
 
 
 def _opt_state_bytes(opt: torch.optim.Optimizer, *, moments_only: bool = False) -> int:
@@ -53,6 +94,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=5, help="timed steps per method (after 1 warm-up)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--calib", type=int, default=32, help="calibration samples profiled")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the row-split comparison")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
@@ -94,8 +136,23 @@ def main(argv=None) -> dict:
                      "total": info["total"], "trainable_frac": info["trainable"] / info["total"],
                      "lora_rank": info.get("lora_rank")}
         del model, groups
+    # the row-frozen layer against its earlier two-parameter form: same masks, steps interleaved
+    from lab.aware.finetune import _groups
+
+    aware_spec = MethodSpec("aware", AwareConfig(rho=0.3))
+    new, new_groups, _ = prepare(copy.deepcopy(base), aware_spec, cfg, saliency=sal)
+    old = _with_two_block_split(prepare(copy.deepcopy(base), aware_spec, cfg, saliency=sal)[0])
+    old_groups = _groups(old, cfg.aware_lr, cfg.lr_projector)
+    split = {"base_layer": [], "two_block": []}
+    for _ in range(args.rounds):
+        split["base_layer"].append(_time_steps(new, new_groups, batches, answer_loss)["wall_s"])
+        split["two_block"].append(_time_steps(old, old_groups, batches, answer_loss)["wall_s"])
+    del new, old
     seq_len = int(batches[0]["input_ids"].shape[1])
     out = {
+        "step_time_ratio_rowsplit_base_layer_over_two_block":
+            statistics.median(split["base_layer"]) / statistics.median(split["two_block"]),
+        "rowsplit_step_wall_s": split,
         "step_time_ratio_aware_over_full": res["aware"]["wall_s"] / res["full"]["wall_s"],
         "step_cpu_ratio_aware_over_full": res["aware"]["cpu_s"] / res["full"]["cpu_s"],
         "optimizer_memory_ratio_aware_over_full": res["aware"]["optimizer_state_bytes"] / res["full"]["optimizer_state_bytes"],
@@ -115,6 +172,9 @@ def main(argv=None) -> dict:
     print(f"AWARe / full optimizer memory: moments {out['optimizer_moment_ratio_aware_over_full']:.5f}, "
           f"all state {out['optimizer_memory_ratio_aware_over_full']:.5f} (target <= trainable fraction "
           f"{out['aware_trainable_fraction']:.5f}; the difference is AdamW's 4-byte step counter per tensor)")
+    print(f"RowSplitLinear (base_layer kept) / earlier two-parameter split, step time: "
+          f"{out['step_time_ratio_rowsplit_base_layer_over_two_block']:.3f} wall (target <= 1.0; medians of "
+          f"{args.rounds} interleaved rounds of {args.steps} steps)")
     print(f"profiling: {prof['wall_s_per_sample'] * 1000:.0f} ms/sample wall, "
           f"{prof['cpu_s_per_sample'] * 1000:.0f} ms/sample cpu")
     path = args.out or (runs.new_run_dir("bench", "aware") / "bench_aware.json")

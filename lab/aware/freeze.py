@@ -1,13 +1,13 @@
-"""Phase 2 of AWARe — constrained fine-tuning by splitting rows (spec aware.md, "Phase 2").
+"""Phase 2 of AWARe — constrained fine-tuning of the non-retained rows (docs/aware.md, "Phase 2").
 
-``apply(model, masks)`` freezes every parameter of the model, then replaces each target
-``nn.Linear`` by a :class:`RowSplitLinear` holding two parameters: the trainable rows
-(``requires_grad=True``) and the retained rows (``requires_grad=False``), as the reference code
-does. An optimizer built from ``p for p in model.parameters() if p.requires_grad`` never sees a
-retained row, so neither AdamW's decoupled weight decay nor its momentum can move one: the
-retained rows stay bit-identical. ``merge(model)`` turns every ``RowSplitLinear`` back into a plain
-``nn.Linear``, so the fine-tuned model is a standard model again (``save_pretrained`` /
-``from_pretrained``, any inference engine).
+``apply(model, masks)`` freezes every parameter of the model, then wraps each target
+``nn.Linear`` in a :class:`RowSplitLinear`: the original layer stays inside as ``base_layer``,
+frozen and bit-identical, and only a parameter holding the trainable rows sits beside it. As in
+the reference code, the retained rows are not parameters the optimizer sees: an optimizer built
+from ``p for p in model.parameters() if p.requires_grad`` holds no state for them, so neither
+AdamW's decoupled weight decay nor its momentum can move one. ``merge(model)`` writes the trained
+rows back and puts the plain ``nn.Linear`` in place again, so the fine-tuned model is a standard
+model (``save_pretrained`` / ``from_pretrained``, any inference engine).
 """
 from __future__ import annotations
 
@@ -19,10 +19,14 @@ from torch import Tensor, nn
 
 
 class RowSplitLinear(nn.Module):
-    """A Linear whose output rows are split into a trainable block and a frozen block.
+    """A Linear whose non-retained output rows train, wrapped and kept (as peft's ``base_layer``).
 
-    The full weight is reassembled on the fly (a row gather), so the forward is one matmul and
-    gradients reach only ``trainable_weight`` / ``trainable_bias``.
+    ``base_layer`` is the original ``nn.Linear``, frozen and never written during training: its
+    retained rows are used as they are, its trainable rows are shadowed by ``trainable_weight``
+    ``(n_trainable, d_in)`` (and ``trainable_bias``), copied from them at construction and placed
+    at ``trainable_idx`` in the forward (one out-of-place row scatter, then one matmul). Gradients and
+    optimizer state exist only for those rows. :meth:`merge` writes them back into ``base_layer``
+    and returns it, a plain ``nn.Linear``.
     """
 
     def __init__(self, base: nn.Linear, frozen_rows: Tensor):
@@ -31,42 +35,34 @@ class RowSplitLinear(nn.Module):
         if frozen_rows.numel() != base.out_features:
             raise ValueError(f"mask has {frozen_rows.numel()} rows, layer has {base.out_features}")
         self.in_features, self.out_features = base.in_features, base.out_features
+        self.base_layer = base.requires_grad_(False)
         dev = base.weight.device
-        f_idx = frozen_rows.nonzero().flatten().to(dev)
         t_idx = (~frozen_rows).nonzero().flatten().to(dev)
-        # position of row r in cat([trainable, frozen]) -> used to gather rows back in order
-        order = torch.argsort(torch.cat([t_idx, f_idx]))
         self.register_buffer("frozen_rows", frozen_rows.to(dev), persistent=False)
-        self.register_buffer("order", order, persistent=False)
-        w = base.weight.detach()
-        self.trainable_weight = nn.Parameter(w[t_idx].clone(), requires_grad=True)
-        self.frozen_weight = nn.Parameter(w[f_idx].clone(), requires_grad=False)
-        if base.bias is not None:
-            b = base.bias.detach()
-            self.trainable_bias = nn.Parameter(b[t_idx].clone(), requires_grad=True)
-            self.frozen_bias = nn.Parameter(b[f_idx].clone(), requires_grad=False)
-        else:
-            self.trainable_bias = self.frozen_bias = None
+        self.register_buffer("trainable_idx", t_idx, persistent=False)
+        self.trainable_weight = nn.Parameter(base.weight.detach()[t_idx].clone())   # (n_trainable, d_in)
+        self.trainable_bias = (nn.Parameter(base.bias.detach()[t_idx].clone()) if base.bias is not None
+                               else None)
 
     def weight_full(self) -> Tensor:
-        return torch.cat([self.trainable_weight, self.frozen_weight])[self.order]   # (d_out, d_in)
+        """The current full weight ``(d_out, d_in)``: base rows, trainable rows put in place."""
+        return self.base_layer.weight.index_put((self.trainable_idx,), self.trainable_weight)
 
     def bias_full(self) -> Tensor | None:
         if self.trainable_bias is None:
             return None
-        return torch.cat([self.trainable_bias, self.frozen_bias])[self.order]
+        return self.base_layer.bias.index_put((self.trainable_idx,), self.trainable_bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight_full(), self.bias_full())
 
-    def merged(self) -> nn.Linear:
-        lin = nn.Linear(self.in_features, self.out_features, bias=self.trainable_bias is not None,
-                        device=self.trainable_weight.device, dtype=self.trainable_weight.dtype)
-        with torch.no_grad():
-            lin.weight.copy_(self.weight_full())
-            if lin.bias is not None:
-                lin.bias.copy_(self.bias_full())
-        return lin
+    @torch.no_grad()
+    def merge(self) -> nn.Linear:
+        """Write the trainable rows into ``base_layer`` (in place) and return it."""
+        self.base_layer.weight[self.trainable_idx] = self.trainable_weight
+        if self.trainable_bias is not None:
+            self.base_layer.bias[self.trainable_idx] = self.trainable_bias
+        return self.base_layer
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -103,14 +99,18 @@ def merge(model: nn.Module) -> nn.Module:
     """Replace every :class:`RowSplitLinear` by an equivalent ``nn.Linear`` (in place)."""
     for name, mod in list(model.named_modules()):
         if isinstance(mod, RowSplitLinear):
-            _set_module(model, name, mod.merged())
+            _set_module(model, name, mod.merge())
     return model
 
 
 def trainable_parameters(model: nn.Module) -> tuple[int, int]:
-    """``(trainable, total)`` parameter counts (tied weights counted once)."""
+    """``(trainable, total)`` parameter counts (tied weights counted once). ``total`` is the size of
+    the model itself: a :class:`RowSplitLinear`'s trainable rows shadow rows of its ``base_layer``
+    and are not counted twice."""
     trainable = total = 0
     for p in model.parameters():
         total += p.numel()
         trainable += p.numel() if p.requires_grad else 0
-    return trainable, total
+    shadow = sum(p.numel() for m in model.modules() if isinstance(m, RowSplitLinear)
+                 for p in (m.trainable_weight, m.trainable_bias) if p is not None)
+    return trainable, total - shadow
