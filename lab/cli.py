@@ -2,14 +2,65 @@
 
 Foundation subcommands live here (``backbones``, ``datasets``, ``features``); the methods and the
 report pipeline contribute theirs through a ``register(subparsers)`` function in their own module.
+
+Bad input costs nothing: every handler checks all its parameters first (:mod:`lab._validate`),
+and :func:`main` turns every expected failure into ONE line on stderr and exit status 2 (argparse's
+own errors included), never a traceback. Ctrl-C prints one line naming the run folder being
+written and, where the command can resume, the command that does (exit status 130).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
+import shlex
 import sys
 
 _PLUGINS = ("lab.tosca.cli", "lab.aware.cli", "lab.report", "lab.jupyter")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block): ``lab tosca: error: argument --epochs: ...``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _cache_dir_param(cache_dir) -> tuple[str, str | None]:
+    """(parameter name, value) that chose the cache root (the flag, else $LAB_CACHE_DIR)."""
+    if cache_dir:
+        return "--cache-dir", cache_dir
+    if os.environ.get("LAB_CACHE_DIR"):
+        return "$LAB_CACHE_DIR", os.environ["LAB_CACHE_DIR"]
+    return "--cache-dir", None
+
+
+def check_cache_dir(cache_dir) -> None:
+    """The cache root (flag, $LAB_CACHE_DIR or ~/.cache/continual-lab) must be a writable folder."""
+    from lab import _validate
+
+    param, value = _cache_dir_param(cache_dir)
+    target = value or os.path.join(os.path.expanduser("~"), ".cache", "continual-lab")
+    _validate.out_dir(param, target, shown=value or target)
+
+
+def check_backbone_args(backbone: str, resolution, weights) -> None:
+    """Backbone name, resolution and weights file (``--weights``, or $LAB_VIT_B16_WEIGHTS)."""
+    from lab import _validate, backbones
+
+    backbones.backbone_info(backbone)
+    try:
+        backbones.check_resolution(backbone, resolution)
+    except ValueError as exc:
+        raise _validate.bad("--resolution", resolution, str(exc).split(": ", 1)[-1]) from None
+    if weights is not None:
+        _validate.in_file("--weights", weights)
+        if backbones.backbone_info(backbone)["untrained"]:
+            raise _validate.bad("--weights", weights, f"{backbone} is the untrained test backbone; it takes no weights")
+    env = os.environ.get("LAB_VIT_B16_WEIGHTS")
+    if weights is None and env and backbone.startswith("vit_base_patch16_224"):
+        _validate.in_file("$LAB_VIT_B16_WEIGHTS", env)
 
 
 def _table(rows: list[dict]) -> str:
@@ -33,7 +84,12 @@ def cmd_backbones(args) -> int:
 
 
 def cmd_datasets(args) -> int:
-    from lab import data
+    from lab import _validate, data
+
+    if args.root is not None and os.path.exists(args.root):
+        _validate.in_dir("--root", args.root)
+    elif args.root is None and os.environ.get("LAB_DATA_DIR") and os.path.exists(os.environ["LAB_DATA_DIR"]):
+        _validate.in_dir("$LAB_DATA_DIR", os.environ["LAB_DATA_DIR"])
 
     rows = []
     for name in data.list_datasets():
@@ -49,13 +105,14 @@ def cmd_datasets(args) -> int:
 
 
 def cmd_features(args) -> int:
-    from lab import backbones, features
-
-    backbones.backbone_info(args.backbone)  # fail fast on unknown names
+    from lab import _validate, backbones, features
     from lab.data import dataset_info
 
+    check_backbone_args(args.backbone, args.resolution, args.weights)   # everything before any work
     dataset_info(args.dataset)
-    bb = backbones.load(args.backbone, resolution=args.resolution)
+    _validate.count("--batch-size", args.batch_size)
+    check_cache_dir(args.cache_dir)
+    bb = backbones.load(args.backbone, resolution=args.resolution, weights=args.weights)
     layers = [None] + (bb.stage_names if args.all_stages else [])
     for split in args.splits:
         sets = features.extract_layers(bb, args.dataset, split, layers, batch_size=args.batch_size,
@@ -68,8 +125,34 @@ def cmd_features(args) -> int:
     return 0
 
 
+_JUPYTER_FIXED = ("--ip", "--ServerApp.ip", "--port", "--ServerApp.port", "--ServerApp.token",
+                  "--IdentityProvider.token", "--ServerApp.password", "--PasswordIdentityProvider",
+                  "--ServerApp.allow_origin", "--ServerApp.allow_remote_access", "--ServerApp.disable_check_xsrf")
+
+
+def check_jupyter(args) -> None:
+    """`lab jupyter`: port, token, root folder and the pass-through arguments (the server stays
+    on 127.0.0.1 with a token whatever is passed after '--')."""
+    from lab import _validate
+
+    _validate.count("--port", args.port, minimum=0, maximum=65535)
+    if args.token is not None and (not args.token or not re.fullmatch(r"[A-Za-z0-9_.~-]+", args.token)):
+        raise _validate.bad("--token", args.token, "must be non-empty letters, digits or -_.~ (it goes into a URL)")
+    if args.root_dir is not None:
+        _validate.in_dir("--root-dir", args.root_dir)
+    if not args.kernel or not re.fullmatch(r"[A-Za-z0-9_.-]+", args.kernel):
+        raise _validate.bad("--kernel", args.kernel, "must be a kernel name (see `jupyter kernelspec list`)")
+    for a in args.extra:
+        if a.split("=", 1)[0] in _JUPYTER_FIXED:
+            raise _validate.bad("-- (JupyterLab arguments)", a, "the address, port and token are set by lab jupyter "
+                                "(127.0.0.1 with a token); use --port/--token")
+
+
+_PRECHECK = {"jupyter": check_jupyter}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lab", description="continual-lab: TOSCA and AWARe on real pretrained models.")
+    p = Parser(prog="lab", description="continual-lab: TOSCA and AWARe on real pretrained models.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     b = sub.add_parser("backbones", help="list frozen backbones: parameters, feature dim, weight availability")
@@ -90,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--batch-size", type=int, default=128)
     f.add_argument("--all-stages", action="store_true", help="also cache every intermediate stage (pooled)")
     f.add_argument("--cache-dir", default=None, help="cache root (default $LAB_CACHE_DIR or ~/.cache/continual-lab)")
+    f.add_argument("--weights", default=None, metavar="FILE",
+                   help="backbone weights file (as $LAB_VIT_B16_WEIGHTS; default: the backbone's own source)")
     f.add_argument("--quiet", action="store_true", help="no progress bar")
     f.set_defaults(func=cmd_features)
 
@@ -104,17 +189,65 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _prog(args) -> str:
+    sub = getattr(args, "aware_command", None)
+    return "lab " + args.command + (f" {sub}" if sub else "")
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its message with line breaks folded (KeyError unquoted)."""
+    msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+    if isinstance(exc, OSError) and exc.strerror and not str(msg).startswith(type(exc).__name__):
+        msg = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    text = " ".join(part.strip() for part in str(msg).splitlines() if part.strip())
+    return text or type(exc).__name__
+
+
+def _interrupted(args, argv: list[str]) -> str:
+    """The one line Ctrl-C prints: where the run was writing and how to continue it."""
+    from lab import runs
+
+    folder = runs.active() or getattr(args, "run_dir", None) or getattr(args, "resume", None)
+    if folder is None:
+        return f"{_prog(args)}: interrupted before any run folder was created; nothing to resume"
+    if hasattr(args, "resume"):  # commands that can resume
+        keep, skip = [], False
+        for a in argv:
+            if skip:
+                skip = False
+                continue
+            if a in ("--resume", "--runs-dir"):
+                skip = True
+                continue
+            if a.startswith(("--resume=", "--runs-dir=")):
+                continue
+            keep.append(a)
+        return (f"{_prog(args)}: interrupted; finished tasks are saved in {folder}; resume with: "
+                f"{shlex.join(['lab', *keep, '--resume', str(folder)])}")
+    return f"{_prog(args)}: interrupted; partial results in {folder} (this command does not resume: run it again)"
+
+
+# Failures a user can meet and act on: bad names and values, files and folders, missing data or
+# weights, corrupt files, a package not installed. Anything else is a bug and keeps its traceback.
+EXPECTED = (KeyError, ValueError, OSError, RuntimeError, re.error, ImportError, MemoryError)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
     try:
+        if args.command in _PRECHECK:
+            _PRECHECK[args.command](args)
         return int(args.func(args) or 0)
-    except (KeyError, ValueError, FileNotFoundError, RuntimeError) as exc:
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"lab {args.command}: error: {msg}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(_interrupted(args, argv), file=sys.stderr, flush=True)
+        return 130
+    except EXPECTED as exc:
+        print(f"{_prog(args)}: error: {one_line(exc)}", file=sys.stderr, flush=True)
         return 2
 
 

@@ -4,6 +4,13 @@
 ``mkdir(exist_ok=False)``, so two runs started in the same second (or in two processes) can never
 write into the same place. ``root`` defaults to ``$LAB_RUNS_DIR``, else ``runs/`` at the top of the
 project checkout the current folder is in (notebooks run from ``notebooks/``), else ``./runs``.
+
+:func:`check_root` tells, before any work, whether a run folder could be created there (nothing is
+created). :func:`lock` marks a run folder as in use by this process (``.lock`` holds the PID and is
+created with its content in one step); a lock whose process is gone, or whose PID now belongs to a
+process younger than the lock, is stale and replaced; an unreadable one is reported with the
+command that clears it. :func:`active` is the run folder this process is writing (the command
+line prints it, with how to resume, on Ctrl-C).
 """
 from __future__ import annotations
 
@@ -12,6 +19,7 @@ import platform
 import re
 import secrets
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +34,27 @@ def runs_root(root: str | os.PathLike | None = None) -> Path:
     return here / "runs"
 
 
+_ACTIVE: Path | None = None
+
+
+def active() -> Path | None:
+    """The run folder this process created or locked last (``None`` before any)."""
+    return _ACTIVE
+
+
+def check_root(kind: str, root: str | os.PathLike | None = None, param: str = "--runs-dir") -> Path:
+    """Fail (one line, :class:`lab._validate.BadInput`) unless a run folder can be created under
+    ``runs_root(root)/kind``; creates nothing. ``param`` names the flag (``$LAB_RUNS_DIR`` when the
+    environment chose the root)."""
+    from lab import _validate
+
+    if not root and os.environ.get("LAB_RUNS_DIR"):
+        param, shown = "$LAB_RUNS_DIR", os.environ["LAB_RUNS_DIR"]
+    else:
+        shown = root if root else runs_root(root)
+    return _validate.out_dir(param, runs_root(root) / kind, shown=shown)
+
+
 def new_run_dir(kind: str, name: str, root: str | os.PathLike | None = None) -> Path:
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "run"
     base = runs_root(root) / kind
@@ -35,9 +64,90 @@ def new_run_dir(kind: str, name: str, root: str | os.PathLike | None = None) -> 
         path = base / f"{stamp}-{safe}-{os.getpid()}-{secrets.token_hex(3)}"
         try:
             path.mkdir(exist_ok=False)
-            return path
         except FileExistsError:  # astronomically unlikely; draw again
             continue
+        global _ACTIVE
+        _ACTIVE = path
+        return path
+
+
+class RunLocked(RuntimeError):
+    """The run folder is in use, or its lock cannot be read; the message says how to clear it."""
+
+
+def _start_time(pid: int) -> float | None:
+    """Wall-clock start of process ``pid`` (Linux /proc), else ``None``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        boot = next(float(l.split()[1]) for l in Path("/proc/stat").read_text().splitlines() if l.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def lock_holder(lock: Path) -> tuple[str, int | None]:
+    """(state, pid) of an existing lock file: ``'alive'``, ``'stale'`` (process gone, PID reused
+    by a younger process, or this very process) or ``'unreadable'`` (empty or not a PID)."""
+    try:
+        text = lock.read_text().strip()
+        mtime = lock.stat().st_mtime
+    except FileNotFoundError:
+        return "stale", None
+    except OSError:
+        return "unreadable", None
+    first = text.split()[0] if text else ""
+    if not first.isdigit() or int(first) <= 0:
+        return "unreadable", None
+    pid = int(first)
+    if pid == os.getpid():
+        return "stale", pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "stale", pid
+    except PermissionError:  # exists, belongs to someone else
+        pass
+    started = _start_time(pid)
+    if started is not None and started > mtime + 2:  # the PID was reused after the lock was written
+        return "stale", pid
+    return "alive", pid
+
+
+def check_unlocked(run_dir: str | os.PathLike) -> None:
+    """Raise :class:`RunLocked` (saying how to clear it) unless ``run_dir`` has no lock or a stale one."""
+    path = Path(run_dir) / ".lock"
+    if not (path.exists() or path.is_symlink()):
+        return
+    state, pid = lock_holder(path)
+    if state == "alive":
+        raise RunLocked(f"{run_dir} is in use by process {pid}; wait for it to finish or stop it (kill {pid}); "
+                        f"if that process is not a lab run, remove the lock: rm {path}")
+    if state == "unreadable":
+        raise RunLocked(f"{run_dir} has an unreadable lock {path} (empty or not a process id; left by a crash?); "
+                        f"if no lab process is using this folder, remove it: rm {path}")
+
+
+def lock(run_dir: str | os.PathLike) -> Path:
+    """Mark ``run_dir`` as used by this process; returns the lock file (unlink it when done)."""
+    global _ACTIVE
+    run_dir = Path(run_dir)
+    path = run_dir / ".lock"
+    fd, tmp = tempfile.mkstemp(prefix=".lock.", dir=run_dir)
+    try:
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.close(fd)
+        for _ in range(3):
+            try:
+                os.link(tmp, path)  # atomic: the lock never exists without its PID
+                _ACTIVE = run_dir
+                return path
+            except FileExistsError:
+                check_unlocked(run_dir)
+                path.unlink(missing_ok=True)  # stale: its process is gone
+        raise RunLocked(f"could not lock {run_dir}: {path} keeps reappearing; another process is using it")
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def versions() -> dict[str, str]:

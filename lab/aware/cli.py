@@ -1,4 +1,8 @@
-"""``lab aware profile | finetune | tune | ablate`` (registered into ``lab``'s CLI; imports are lazy)."""
+"""``lab aware profile | finetune | tune | ablate`` (registered into ``lab``'s CLI; imports are lazy).
+
+Every handler checks all its parameters first (:func:`check_common` and its own checks: numbers,
+target patterns against the mini-LLaVA's module names, output paths), before any model is loaded.
+"""
 from __future__ import annotations
 
 _GROUPS = ("methods", "rule", "rho", "targets", "calibration", "calib_size", "continual")
@@ -69,6 +73,31 @@ def register(subparsers) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
 
 
+def check_common(args) -> None:
+    """The options every `lab aware` action shares (one line naming the first bad one)."""
+    from lab import _validate as V
+    from lab.cli import check_cache_dir
+
+    check_cache_dir(args.cache_dir)
+    V.device("--device", args.device)
+    if args.steps is not None:
+        V.count("--steps", args.steps)
+    for flag in ("lr", "lr_aware", "lr_projector", "lr_adapter"):
+        if getattr(args, flag) is not None:
+            V.learning_rate("--" + flag.replace("_", "-"), getattr(args, flag))   # the same check as TrainConfig's
+    _size(args)
+
+
+def _run_dir_check(args) -> None:
+    from lab import _validate as V
+    from lab import runs
+
+    if args.run_dir:
+        V.out_dir("--run-dir", args.run_dir)
+    else:
+        runs.check_root("aware", param="$LAB_RUNS_DIR")
+
+
 def _threads():
     import torch
 
@@ -105,11 +134,17 @@ def cmd_profile(args) -> int:
     from lab.aware.ablate import _save_saliency
     from lab.aware.continual import calibration_batches
     from lab.aware.saliency import profile
-
-    if args.n < 1:
-        raise ValueError(f"the calibration set is empty (--n {args.n})")
+    from lab import _validate as V
     from lab.aware.ablate import setup
+    from lab.aware.config import check_targets
 
+    check_common(args)              # everything before any model is loaded
+    V.count("--n", args.n)
+    if args.out:
+        V.out_file("--out", args.out)
+    else:
+        runs.check_root("aware", param="$LAB_RUNS_DIR")
+    check_targets(args.targets)     # last: it builds the model's skeleton (a few seconds)
     size = replace(_size(args), n_calib=args.n, calib_sizes=())
     _threads()
     ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device)
@@ -140,6 +175,18 @@ def cmd_finetune(args) -> int:
     from lab.aware.finetune import MethodSpec
     from lab.aware.saliency import profile
 
+    from lab import _validate as V
+    from lab.aware.config import check_rho, check_targets
+
+    check_common(args)
+    try:
+        check_rho(args.rho)
+    except ValueError:
+        raise V.bad("--rho", args.rho, "must be a number in [0, 1]") from None
+    V.seed("--seed", args.seed)
+    if args.save:
+        V.out_dir("--save", args.save)
+    check_targets(args.targets)     # last: it builds the model's skeleton (a few seconds)
     aware = AwareConfig(rho=args.rho, rule=args.rule, targets=args.targets)   # validates before work
     ctx = _ctx(args)
     ctx.before = upstream(ctx.base, ctx, exact=False)
@@ -160,8 +207,13 @@ def cmd_finetune(args) -> int:
 
 
 def cmd_ablate(args) -> int:
+    from lab import _validate as V
     from lab.aware.ablate import summary, sweep
 
+    check_common(args)
+    for s in args.seeds or ():
+        V.seed("--seeds", s)
+    _run_dir_check(args)
     ctx = _ctx(args)
     out = sweep(ctx, seeds=tuple(args.seeds) if args.seeds else None,
                 groups=tuple(args.groups) if args.groups else None, task=args.task,
@@ -207,9 +259,14 @@ def cmd_tune(args) -> int:
     from lab.aware.ablate import setup
     from lab.aware.tune import GRIDS, check_grids, flags, tune
 
+    from lab import _validate as V
+
+    check_common(args)
     grids = check_grids(_grids(args.grid) or GRIDS)     # bad grids fail here, before any model is loaded
-    if args.n_val < 1:
-        raise ValueError(f"the validation set is empty (--n-val {args.n_val})")
+    V.count("--n-val", args.n_val)
+    for s in args.seeds:
+        V.seed("--seeds", s)
+    _run_dir_check(args)
     size = _size(args)
     _threads()
     ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device, tasks_needed=(args.task,))

@@ -61,8 +61,12 @@ class TrainConfig:
     def __post_init__(self):
         if self.steps < 0 or self.batch_size < 1:
             raise ValueError("steps must be >= 0 and batch_size >= 1")
-        if min(self.lr, self.lr_projector, self.lr_adapter, self.aware_lr) <= 0 or self.weight_decay < 0:
-            raise ValueError("learning rates must be > 0 and weight_decay >= 0")
+        from lab._validate import learning_rate, number
+
+        for name in ("lr", "lr_projector", "lr_adapter", "lr_aware"):   # the one lr check (also lab aware tune's)
+            if getattr(self, name) is not None:
+                learning_rate(name, getattr(self, name))
+        number("weight_decay", self.weight_decay, ge=0)
         if not 0 <= self.warmup < 1:
             raise ValueError("warmup is a fraction of the steps in [0, 1)")
 

@@ -40,9 +40,13 @@ def check_grids(grids: dict) -> dict:
         raise ValueError(f"cannot tune {sorted(unknown)}; tunable methods: {list(LR_FIELD)}")
     if "full" not in grids:
         raise ValueError("the grids must include 'full': E of every other method is relative to it")
+    from lab._validate import learning_rate
+
     for m, lrs in grids.items():
-        if not lrs or any(not isinstance(x, (int, float)) or not x > 0 for x in lrs):
-            raise ValueError(f"{m}: learning rates must be a non-empty list of numbers > 0, got {lrs!r}")
+        if not lrs:
+            raise ValueError(f"--grid {m}: needs a non-empty list of learning rates, e.g. {m}=1e-4,3e-4")
+        for x in lrs:
+            learning_rate(f"--grid {m}", x)   # the same check as TrainConfig's
     return {m: tuple(float(x) for x in lrs) for m, lrs in grids.items()}
 
 

@@ -107,9 +107,16 @@ def _cached_arrays(name: str, build) -> dict[str, np.ndarray]:
 
     path = cache_dir() / "datasets" / f"{name}.npz"
     side = path.with_name(path.name + ".sha256")
-    if path.exists() and side.exists() and sha256_file(path) == side.read_text().strip():
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+    if path.exists():
+        why = "its checksum sidecar is missing" if not side.exists() else None
+        if why is None and sha256_file(path) != side.read_text().strip():
+            why = "its sha256 does not match the recorded one (damaged file)"
+        if why is None:
+            with np.load(path, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+        import warnings
+
+        warnings.warn(f"decoded-dataset cache {path} rejected, rebuilding: {why}", stacklevel=3)
     arrays = build()
 
     def write(p):

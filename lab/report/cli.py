@@ -16,17 +16,41 @@ failing cell marked), the others still run, and the command exits with status 1.
 """
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Folders, timeout and kernel of `lab report`, before any notebook runs (names and parameter
+    types are checked by :func:`lab.report.pipeline.render` against every notebook first)."""
+    from lab import _validate as V
+
+    if args.timeout is not None:
+        V.number("--timeout", args.timeout, gt=0)
+    if args.notebooks is not None:
+        V.in_dir("--notebooks", args.notebooks)
+    if args.out is not None:
+        V.out_dir("--out", args.out)
+    else:
+        from lab.report.pipeline import repo_root
+
+        V.out_dir("--out", repo_root() / "reports")
+    if args.kernel is not None:
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        specs = sorted(KernelSpecManager().find_kernel_specs())
+        if args.kernel not in specs:
+            raise V.bad("--kernel", args.kernel, f"no such Jupyter kernel; installed: {', '.join(specs)}")
+
+
 def _cmd(args: argparse.Namespace) -> int:
     from lab.report.params import ParamsError, parse_override
     from lab.report.pipeline import render
 
+    check_args(args)
     try:
         overrides = dict(parse_override(p) for p in args.parameter)
         results = render(args.notebooks, args.out, profile=args.params, only=args.only,
                          overrides=overrides, png=not args.no_png, kernel=args.kernel,
                          timeout=args.timeout)
     except ParamsError as exc:
-        print(f"lab report: {exc}", file=sys.stderr)
+        print(f"lab report: error: {exc}", file=sys.stderr)
         return 2
     failed = [r for r in results if not r.ok]
     for r in failed:

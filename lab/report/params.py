@@ -9,13 +9,18 @@ source of truth and moves as one file::
     }}}
 
 Values override the defaults of the cell tagged ``parameters``; a profile left out, or empty,
-means "the cell's defaults". :func:`declare` writes this block into a notebook file. Names are
-checked against that cell before anything runs, since papermill itself only warns about a
-parameter the notebook does not have.
+means "the cell's defaults". :func:`declare` writes this block into a notebook file. Names AND
+types are checked against that cell before anything runs (papermill itself only warns about a
+parameter the notebook does not have, and injects a wrong type that fails cells later): a value
+must have the type of the cell's default (an int where it says ``seed = 0``, a list of numbers
+where it says ``l1_values = [0.0, 5e-4]``; floats accept ints; a ``None`` default accepts anything),
+and numbers must be finite.
 """
 from __future__ import annotations
 
+import ast
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +58,83 @@ def parameters_cell(nb) -> int | None:
     return None
 
 
+_NO_DEFAULT = object()  # a default that is not a literal (an expression): any value accepted
+
+
+def cell_defaults(source: str) -> dict[str, Any]:
+    """``{name: default}`` of a parameters cell's top-level assignments (``a, b = 0, 2`` included);
+    defaults that are not literals map to a marker that accepts any value."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise ParamsError(f"the parameters cell is not valid Python ({exc})") from None
+    out: dict[str, Any] = {}
+
+    def literal(node):
+        try:
+            return ast.literal_eval(node)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return _NO_DEFAULT
+
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out[node.target.id] = literal(node.value) if node.value is not None else _NO_DEFAULT
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    out[target.id] = literal(node.value)
+                elif isinstance(target, (ast.Tuple, ast.List)):
+                    values = node.value.elts if isinstance(node.value, (ast.Tuple, ast.List)) and \
+                        len(node.value.elts) == len(target.elts) else [None] * len(target.elts)
+                    for t, v in zip(target.elts, values):
+                        if isinstance(t, ast.Name):
+                            out[t.id] = literal(v) if v is not None else _NO_DEFAULT
+    return out
+
+
+_KINDS = ((bool, "a bool (true/false)", "bools"), (int, "an integer", "integers"), (float, "a number", "numbers"),
+          (str, "a string", "strings"), (dict, "an object", "objects"), ((list, tuple), "a list", "lists"))
+
+
+def _kind(value, plural: bool = False) -> str:
+    for types, one, many in _KINDS:
+        if isinstance(value, types):
+            if one == "a list" and value and len({_kind(v) for v in value}) == 1:
+                return f"a list of {_kind(value[0], plural=True)}"
+            return many if plural else one
+    return type(value).__name__
+
+
+def type_error(default, value) -> str | None:
+    """Why ``value`` cannot stand where the parameters cell has ``default`` (``None``: it can)."""
+    if default is _NO_DEFAULT or default is None:
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+    elif isinstance(default, dict):
+        ok = isinstance(value, dict)
+    elif isinstance(default, (list, tuple)):
+        ok = isinstance(value, (list, tuple))
+        if ok and default and len({_kind(d) for d in default}) == 1:  # homogeneous: check the elements too
+            ok = not any(type_error(default[0], v) for v in value)
+    else:
+        ok = True
+    return None if ok else f"must be {_kind(default)}"
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """``NAME=VALUE`` from the command line; VALUE is read as JSON when it parses, else a string."""
     name, sep, raw = text.partition("=")
     if not sep or not name.isidentifier():
-        raise ParamsError(f"expected NAME=VALUE, got {text!r}")
+        raise ParamsError(f"-p {text!r}: expected NAME=VALUE with NAME a Python identifier")
     try:
         return name, json.loads(raw)
     except json.JSONDecodeError:
@@ -72,22 +149,33 @@ def resolve(path: str | Path, profile: str, overrides: dict[str, Any] | None = N
         raise ParamsError(f"unknown profile {profile!r}; valid: {list(PROFILES)}")
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    values = {**declared(nb)[profile], **(overrides or {})}
-    _check(nb, path.name, profile, values)
-    return values
+    _check(nb, path.name, profile, declared(nb)[profile])
+    _check(nb, path.name, profile, dict(overrides or {}), source="-p")
+    return {**declared(nb)[profile], **(overrides or {})}
 
 
-def _check(nb, name: str, profile: str, values: dict[str, Any]) -> None:
+def _check(nb, name: str, profile: str, values: dict[str, Any], source: str | None = None) -> None:
+    """Names and types of ``values`` against the parameters cell (``source``: '-p' for command-line
+    overrides, else the notebook's ``profile``)."""
     from papermill.translators import PythonTranslator  # the notebooks are Python
 
     if not values:
         return
+    where = f"{profile} parameters" if source is None else "parameter(s)"
     if parameters_cell(nb) is None:
-        raise ParamsError(f"{name}: has {profile} parameters {sorted(values)} but no cell tagged 'parameters'")
-    known = {p.name for p in PythonTranslator.inspect(nb.cells[parameters_cell(nb)])}
+        raise ParamsError(f"{name}: has {where} {sorted(values)} but no cell tagged 'parameters'")
+    cell = nb.cells[parameters_cell(nb)]
+    defaults = cell_defaults(cell.source)
+    known = {p.name for p in PythonTranslator.inspect(cell)} | set(defaults)
     unknown = sorted(set(values) - known)
     if unknown:
         raise ParamsError(f"{name}: unknown parameter(s) {unknown}; its parameters cell defines {sorted(known)}")
+    for key, value in values.items():
+        why = type_error(defaults.get(key, _NO_DEFAULT), value)
+        if why:
+            shown = f"-p {key}={json.dumps(value)}" if source == "-p" else f"{profile} parameter {key}={json.dumps(value)}"
+            raise ParamsError(f"{shown}: {why} in {name} (its parameters cell has {key} = "
+                              f"{json.dumps(defaults[key])})")
 
 
 def declare(path: str | Path, *, report: dict[str, Any] | None = None,

@@ -1,0 +1,195 @@
+"""One place for the checks every command runs on its parameters before any work.
+
+Each check raises :class:`BadInput` (a ``ValueError``) whose message is one line naming the
+parameter, the value given and what is allowed, e.g.::
+
+    --lr nan: must be a finite number > 0
+    --runs-dir /etc/passwd: is a file, not a folder
+
+The library's own validation uses the same functions (``TrainConfig`` and ``lab aware tune``'s
+grids both call :func:`learning_rate`), so a value the command line accepts is never refused
+later, and the reverse. Path checks look before they leap without leaving anything behind:
+a folder that does not exist yet is not created, its nearest existing parent is probed with a
+temporary file (``os.access`` is not enough: root passes it on ``/sys`` and read-only mounts).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+
+class BadInput(ValueError):
+    """A parameter's value is not allowed; the message says which, the value and what is."""
+
+
+def show(value: Any) -> str:
+    """A value as the user typed it (strings quoted only when they need it)."""
+    if isinstance(value, str):
+        return repr(value) if (not value or any(c.isspace() for c in value) or "'" in value) else value
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def bad(param: str, value: Any, allowed: str) -> BadInput:
+    return BadInput(f"{param} {show(value)}: {allowed}")
+
+
+# --- numbers ---------------------------------------------------------------------------------
+def number(param: str, value, *, gt=None, ge=None, lt=None, le=None, integer: bool = False):
+    """A finite real (or integer) number within the given bounds; returns it unchanged."""
+    kind = "an integer" if integer else "a finite number"
+    bounds = [f"{op} {b if isinstance(b, int) else format(b, 'g')}"
+              for op, b in ((">", gt), (">=", ge), ("<", lt), ("<=", le)) if b is not None]
+    allowed = f"must be {kind}" + (f" {' and '.join(bounds)}" if bounds else "")
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad(param, value, allowed)
+    if integer and not isinstance(value, int):
+        raise bad(param, value, allowed)
+    if not math.isfinite(value):
+        raise bad(param, value, allowed)
+    if (gt is not None and not value > gt) or (ge is not None and not value >= ge) or \
+            (lt is not None and not value < lt) or (le is not None and not value <= le):
+        raise bad(param, value, allowed)
+    return value
+
+
+def learning_rate(param: str, value) -> float:
+    """A learning rate: a finite number > 0 (NaN, inf, 0 and negatives train nothing sensible)."""
+    return float(number(param, value, gt=0))
+
+
+def count(param: str, value, *, minimum: int = 1, maximum: int | None = None) -> int:
+    return number(param, value, ge=minimum, le=maximum, integer=True)
+
+
+SEED_MAX = 2 ** 32 - 1  # numpy's RandomState accepts 0 .. 2**32 - 1
+
+
+def seed(param: str, value) -> int:
+    return number(param, value, ge=0, le=SEED_MAX, integer=True)
+
+
+# --- patterns ----------------------------------------------------------------------------------
+def regex(param: str, pattern: str) -> re.Pattern:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise bad(param, pattern, f"not a valid regular expression ({exc})") from None
+
+
+def regexes(param: str, patterns: Iterable[str]) -> list[re.Pattern]:
+    return [regex(param, p) for p in patterns]
+
+
+# --- paths ---------------------------------------------------------------------------------------
+def _probe(param: str, shown, folder: Path) -> None:
+    """Create and remove a temporary file in ``folder``: the only honest writability test."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".lab-write-check-", dir=folder)
+    except OSError as exc:
+        raise bad(param, shown, f"cannot write into {folder} ({exc.strerror or exc})") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def _existing_parent(path: Path) -> Path:
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            return p
+    return Path(path.anchor or ".")
+
+
+def out_dir(param: str, path, *, shown=None) -> Path:
+    """A folder we will write into: an existing writable folder, or one that can be created
+    (nothing is created here)."""
+    shown = path if shown is None else shown
+    if path is None or str(path) == "":
+        raise bad(param, "" if path is None else path, "must be a folder path")
+    p = Path(path).expanduser()
+    base = _existing_parent(p)
+    if base.exists() and not base.is_dir():
+        what = "is a file, not a folder" if base == p else f"{base} is a file, so the folder cannot be created"
+        raise bad(param, shown, what)
+    if not base.exists():  # a dangling symlink on the way
+        raise bad(param, shown, f"{base} is a broken link")
+    _probe(param, shown, base)
+    return p
+
+
+def out_file(param: str, path, *, shown=None) -> Path:
+    """A file we will (over)write: not a folder, and its folder writable or creatable."""
+    shown = path if shown is None else shown
+    if path is None or str(path) == "" or str(path).endswith(os.sep):
+        raise bad(param, "" if path is None else path, "must be a file path")
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise bad(param, shown, "is a folder; give a file path")
+    out_dir(param, p.parent, shown=shown)
+    return p
+
+
+def in_file(param: str, path, *, shown=None) -> Path:
+    """An existing, readable regular file."""
+    shown = path if shown is None else shown
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise bad(param, shown, "does not exist")
+    if p.is_dir():
+        raise bad(param, shown, "is a folder; give a file")
+    try:
+        with open(p, "rb") as fh:
+            fh.read(1)
+    except OSError as exc:
+        raise bad(param, shown, f"cannot be read ({exc.strerror or exc})") from None
+    return p
+
+
+def in_dir(param: str, path, *, shown=None) -> Path:
+    """An existing folder."""
+    shown = path if shown is None else shown
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise bad(param, shown, "does not exist")
+    if not p.is_dir():
+        raise bad(param, shown, "is a file, not a folder")
+    return p
+
+
+def env_dir(var: str, *, out: bool = True) -> Path | None:
+    """``$VAR`` when set: checked as a folder we write into (``out``) or read from."""
+    value = os.environ.get(var)
+    if not value:
+        return None
+    return out_dir(f"${var}", value) if out else in_dir(f"${var}", value)
+
+
+# --- devices --------------------------------------------------------------------------------------
+def device(param: str, value: str | None) -> str | None:
+    """``cpu``, ``cuda`` or ``cuda:N`` (N < the number of GPUs), ``mps`` where present."""
+    if value is None:
+        return None
+    import torch
+
+    try:
+        dev = torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        raise bad(param, value, "must be cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return value
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise bad(param, value, "CUDA is not available on this machine; use cpu")
+        n = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= n:
+            raise bad(param, value, f"this machine has {n} CUDA device(s): cuda:0..cuda:{n - 1}")
+        return value
+    if dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise bad(param, value, "MPS is not available on this machine; use cpu")
+        return value
+    raise bad(param, value, "must be cpu, cuda or cuda:N")
