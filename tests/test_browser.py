@@ -12,7 +12,7 @@ import pytest
 from _report_helpers import BROWSER, CHROMIUM_ARGS, NOTEBOOKS, hard_timeout, smoke_report, tiny_reports
 from lab.report.notebook import enable_png_command
 
-pytestmark = [pytest.mark.browser, hard_timeout(600)]  # a notebook's smoke render included
+pytestmark = [pytest.mark.browser, hard_timeout(900)]  # a notebook's smoke render included
 
 if not BROWSER:
     pytest.skip(f"no Chrome/Chromium found (enable with: {enable_png_command()})", allow_module_level=True)

@@ -6,6 +6,7 @@ hard timeout: a hang fails the test instead of eating CI's time."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from _report_helpers import (OPTIONAL_DIRS, ROOT, UNSHARE, UNSHARE_REASON, browser_candidates,
-                             load_index, python_package_dir, run_hidden, write_tiny_notebooks)
+                             load_index, python_package_dir, run_hidden)
+from lab.report import notebook
 
 pytestmark = [pytest.mark.notebook,
               pytest.mark.skipif(UNSHARE is None, reason=UNSHARE_REASON)]
@@ -72,17 +74,17 @@ def test_quickstart_report_without_a_browser_finishes_with_one_line_and_a_note(t
     assert "plotly-graph-div" in (out / "00_quickstart.html").read_text()  # the report is whole
 
 
-def test_save_png_in_the_kernel_without_a_browser_notes_it_and_goes_on(tmp_path):
-    """The path that used to hang: the kernel asks kaleido for a PNG and there is no browser
-    (render_one with PNGs on, so the up-front check is not there to save it)."""
-    nbdir = write_tiny_notebooks(tmp_path / "nb", bad=False)
-    out = tmp_path / "out"
-    script = (f"from pathlib import Path; from lab.report.pipeline import render_one\n"
-              f"r = render_one(Path({str(nbdir / 'a_good.ipynb')!r}), Path({str(out)!r}), png=True)\n"
-              f"print('RESULT', r.ok, r.error)")
-    res = _run([sys.executable, "-c", script], cwd=ROOT)
-    assert res.returncode == 0 and "RESULT True None" in res.stdout, res.stdout
-    notes = (out / "a_good_figures" / "_notes.txt").read_text()
+def test_save_png_without_a_browser_notes_it_and_goes_on(tmp_path):
+    """The call that used to hang: save_png asks kaleido for a PNG and there is no browser (as in
+    a notebook run by render_one with PNGs on, where the up-front check is not there to save it).
+    """
+    script = ("import plotly.graph_objects as go\nfrom lab.report import save_png\n"
+              "save_png(go.Figure(go.Bar(y=[1, 2])), 'a')\nsave_png(go.Figure(go.Bar(y=[2, 1])), 'b')\n"
+              "print('RETURNED')")
+    env = {**os.environ, notebook.FIGURES_ENV: str(tmp_path), notebook.PNG_ENV: "1"}
+    res = _run([sys.executable, "-c", script], cwd=ROOT, env=env)
+    assert res.returncode == 0 and "RETURNED" in res.stdout, res.stdout
+    notes = (tmp_path / notebook.NOTES_FILE).read_text()
     assert notes.startswith("PNG export skipped: kaleido finds no Chrome/Chromium")
-    assert len(notes.splitlines()) == 1
-    assert not list(out.glob("a_good_figures/*.png"))
+    assert len(notes.splitlines()) == 1  # noted once, for both figures
+    assert not list(tmp_path.glob("*.png"))
