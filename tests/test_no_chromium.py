@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 
 from _report_helpers import (OPTIONAL_DIRS, ROOT, UNSHARE, UNSHARE_REASON, browser_candidates,
-                             load_index, python_package_dir, run_hidden)
+                             load_index, python_package_dir, run_hidden,
+                             write_tiny_notebooks)
 from lab.report import notebook
 
 pytestmark = [pytest.mark.notebook,
               pytest.mark.skipif(UNSHARE is None, reason=UNSHARE_REASON)]
 
 LAB = Path(sys.executable).with_name("lab")
-HARD_TIMEOUT_S = 300  # the smoke quickstart takes ~15 s; a hang is what this catches
+HARD_TIMEOUT_S = 300  # each run takes seconds; a hang is what this catches
 
 
 def _hidden_dirs() -> list[Path]:
@@ -56,22 +57,24 @@ def test_the_namespace_really_hides_the_extras():
     assert seen == {"browser": None, "playwright": False, "fashion": False}
 
 
-def test_quickstart_report_without_a_browser_finishes_with_one_line_and_a_note(tmp_path):
-    """`lab report --params smoke --only 00_quickstart` where no browser exists."""
+def test_report_without_a_browser_finishes_with_one_line_and_a_note(tmp_path):
+    """`lab report` where no browser exists, on a notebook that draws a plotly figure and asks
+    for its PNG (the smallest real report; `lab report --params smoke --only 00_quickstart` is
+    the same path with a longer notebook)."""
+    nbdir = write_tiny_notebooks(tmp_path / "nb", bad=False)
     out = tmp_path / "reports"
-    res = _run([LAB, "report", "--params", "smoke", "--only", "00_quickstart", "--out", out],
-               cwd=tmp_path)
+    res = _run([LAB, "report", "--notebooks", nbdir, "--out", out], cwd=tmp_path)
     assert res.returncode == 0, res.stdout
     skipped = [ln for ln in res.stdout.splitlines() if ln.startswith("PNG export skipped")]
     assert len(skipped) == 1, res.stdout  # one line, before the first notebook
-    assert res.stdout.index(skipped[0]) < res.stdout.index("[1/1] 00_quickstart.ipynb")
+    assert res.stdout.index(skipped[0]) < res.stdout.index("[1/1] a_good.ipynb")
     assert "chromium" in skipped[0]  # says how to get one
     page = (out / "index.html").read_text()
     assert "run-note'>Note: PNG export skipped" in page
-    card = load_index(out)["00_quickstart"]
-    assert card["ok"] and card["figures"] == [] and card["metrics"]
-    assert not (out / "00_quickstart_figures").exists()
-    assert "plotly-graph-div" in (out / "00_quickstart.html").read_text()  # the report is whole
+    card = load_index(out)["a_good"]
+    assert card["ok"] and card["figures"] == [] and card["metrics"] == {"total": 5.0, "label": "x"}
+    assert not (out / "a_good_figures").exists()
+    assert "plotly-graph-div" in (out / "a_good.html").read_text()  # the report is whole
 
 
 def test_save_png_without_a_browser_notes_it_and_goes_on(tmp_path):
