@@ -277,8 +277,8 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
     """Execute and export one notebook into ``out_dir``; never raises for a notebook's own error.
 
     ``timeout``: seconds a cell may run (default :data:`DEFAULT_CELL_TIMEOUT_S`); ``notes``:
-    lines for the notebook's index card (e.g. why PNGs were skipped); ``log``: where the
-    progress lines go (none when not given).
+    lines about the run kept with the notebook and shown at the top of the index (e.g. why PNGs
+    were skipped); ``log``: where the progress lines go (none when not given).
     """
     import nbformat
     import papermill
