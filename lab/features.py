@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from lab import backbones as _bb
+from lab._cache import cache_root
 from lab._io import CorruptFile, load_tensors, save_tensors
 
 PREPROCESS_VERSION = "1"  # bump when Backbone.preprocess changes its output
@@ -44,7 +44,8 @@ class FeatureSet:
 
 
 def cache_dir(path=None) -> Path:
-    return Path(path or os.environ.get("LAB_CACHE_DIR") or Path.home() / ".cache" / "continual-lab")
+    """The cache root (:func:`lab._cache.cache_root`); feature entries live under ``features/``."""
+    return cache_root(path)
 
 
 def fingerprint(images: np.ndarray, labels: np.ndarray) -> str:

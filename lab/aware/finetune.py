@@ -30,7 +30,7 @@ from lab.aware.masking import select
 from lab.aware.prompts import ChatEncoder
 from lab.aware.saliency import Saliency
 from lab.aware.scoring import answer_loss, greedy_answers, option_scores
-from lab.aware.targets import find_targets
+from lab.aware.targets import find_targets, is_projector
 from lab.aware.tasks import QASet, exact_match
 
 METHODS = ("zero-shot", "full", "lora", "dora", "aware")
@@ -90,20 +90,16 @@ class MethodSpec:
         return {"method": self.method, "lora_rank": self.lora_rank, **self.aware.to_dict()}
 
 
-def _is_projector(name: str) -> bool:
-    return "mm_projector" in name or "multi_modal_projector" in name
-
-
 def _groups(model: nn.Module, lr: float, lr_projector: float) -> list[dict]:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    proj = [p for n, p in named if _is_projector(n)]
-    rest = [p for n, p in named if not _is_projector(n)]
+    proj = [p for n, p in named if is_projector(n)]
+    rest = [p for n, p in named if not is_projector(n)]
     return [g for g in ({"params": rest, "lr": lr}, {"params": proj, "lr": lr_projector}) if g["params"]]
 
 
 def _split_targets(model: nn.Module, aware: AwareConfig) -> tuple[dict, dict]:
     layers = find_targets(model, aware.targets, exclude=aware.exclude)
-    proj = {n: m for n, m in layers.items() if _is_projector(n)}
+    proj = {n: m for n, m in layers.items() if is_projector(n)}
     return {n: m for n, m in layers.items() if n not in proj}, proj
 
 

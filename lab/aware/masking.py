@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from lab.aware.config import check_rho, check_rule
+from lab.aware.targets import is_projector
 
 
 def row_norms(layers: Mapping[str, nn.Module]) -> dict[str, Tensor]:
@@ -80,7 +81,7 @@ def composition(masks: Mapping[str, Tensor]) -> dict[str, tuple[int, int]]:
     (``q_proj``, ``k_proj``, ...) or ``projector`` for anything inside a multimodal projector."""
     out: dict[str, list[int]] = {}
     for name, m in masks.items():
-        kind = "projector" if ("mm_projector" in name or "multi_modal_projector" in name) else name.rsplit(".", 1)[-1]
+        kind = "projector" if is_projector(name) else name.rsplit(".", 1)[-1]
         acc = out.setdefault(kind, [0, 0])
         acc[0] += int(m.sum())
         acc[1] += m.numel()

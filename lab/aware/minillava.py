@@ -34,8 +34,10 @@ _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    root = Path(cache_dir or os.environ.get("LAB_CACHE_DIR") or Path.home() / ".cache" / "continual-lab")
-    return root / "aware"
+    """AWARe's folder under the cache root (:func:`lab._cache.cache_root`)."""
+    from lab._cache import cache_root as root
+
+    return root(cache_dir) / "aware"
 
 
 def smollm2_gguf() -> tuple[str, str]:

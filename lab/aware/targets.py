@@ -27,6 +27,12 @@ DEFAULT_TARGETS = "qkv+projector"
 VISION_EXCLUDE = r"vision_tower|vision_model|visual|image_encoder|vision_encoder"
 
 
+def is_projector(name: str) -> bool:
+    """Whether a module or parameter name lies inside a multimodal projector (a name component
+    ``mm_projector`` as mini-LLaVA, or ``multi_modal_projector`` as transformers' Llava)."""
+    return _matches(name, _PROJECTOR)
+
+
 def expand_targets(targets: str | Iterable[str]) -> tuple[str, ...]:
     """A preset name (``'qkv+projector'``) or an iterable of component patterns -> patterns."""
     if isinstance(targets, str):

@@ -31,10 +31,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lab.aware.targets import is_projector
+
 MAIN_TARGETS = ("q_proj", "k_proj", "v_proj", "projector")
 ALL_TARGETS = MAIN_TARGETS + ("gate_proj", "up_proj", "down_proj")
 _KNOWN = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_PROJECTOR = re.compile(r"(^|\.)(mm_projector|multi_modal_projector)(\.|$)")
 _RULE_SHORT = {"activation-global": "global", "activation-balanced": "balanced"}
 
 
@@ -239,7 +240,7 @@ class Study:
 def parse_layer(name: str) -> tuple[str, int | None]:
     """``'language_model.model.layers.12.self_attn.q_proj'`` -> ``('q_proj', 12)``; projector
     Linears -> ``('projector', None)`` (numbered by :func:`layer_table`)."""
-    if _PROJECTOR.search(name):
+    if is_projector(name):
         return "projector", None
     parts = name.split(".")
     target = next((p for p in reversed(parts) if p in _KNOWN), parts[-1])

@@ -103,9 +103,9 @@ def stratified_split(labels: np.ndarray, test_per_class: int, seed: int) -> tupl
 def _cached_arrays(name: str, build) -> dict[str, np.ndarray]:
     """Decoded arrays kept in the cache dir (npz + sha256 sidecar, written atomically, verified on read)."""
     from lab._io import atomic_write, sha256_file
-    from lab.features import cache_dir
+    from lab._cache import cache_root
 
-    path = cache_dir() / "datasets" / f"{name}.npz"
+    path = cache_root() / "datasets" / f"{name}.npz"
     side = path.with_name(path.name + ".sha256")
     if path.exists():
         why = "its checksum sidecar is missing" if not side.exists() else None

@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .learner import add_l1_grad, cosine_lr
+from ._optim import add_l1_grad, cosine_lr, sgd_step
 
 
 def static_epochs(luca, head, x, y, cfg, gen: torch.Generator, *, capture: bool, batch_features=None):
@@ -29,7 +29,7 @@ def static_epochs(luca, head, x, y, cfg, gen: torch.Generator, *, capture: bool,
     w_buf = torch.zeros(steps * B, device=dev)
     w_buf[:n] = 1.0
     w_buf = w_buf.view(steps, B)
-    neg_lr = torch.zeros((), device=dev)
+    lr_t = torch.zeros((), device=dev)  # the epoch's lr, refilled before each replay
     ce_sum = torch.zeros((), device=dev)
     feats = batch_features or (lambda idx: x[idx])
 
@@ -40,12 +40,8 @@ def static_epochs(luca, head, x, y, cfg, gen: torch.Generator, *, capture: bool,
             ce = (ce_rows * w).sum() / w.sum()
             grads = list(torch.autograd.grad(ce, params))
             add_l1_grad(params[:n_luca], grads[:n_luca], cfg.l1)
+            sgd_step(params, grads, bufs, lr=lr_t, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
             with torch.no_grad():
-                if cfg.weight_decay:
-                    torch._foreach_add_(grads, params, alpha=cfg.weight_decay)
-                torch._foreach_mul_(bufs, cfg.momentum)
-                torch._foreach_add_(bufs, grads)
-                torch._foreach_add_(params, torch._foreach_mul(bufs, neg_lr))
                 ce_sum.add_(ce.detach() * w.sum())
 
     graph = None
@@ -69,7 +65,7 @@ def static_epochs(luca, head, x, y, cfg, gen: torch.Generator, *, capture: bool,
         padded = torch.zeros(steps * B, dtype=torch.long)
         padded[:n] = perm
         perm_buf.copy_(padded.view(steps, B))
-        neg_lr.fill_(-lr)
+        lr_t.fill_(lr)
         ce_sum.zero_()
         graph.replay() if graph is not None else run_steps(steps)
         yield epoch, lr, float(ce_sum) / n

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .head import CosineHead, check_scale_param, class_means
+from ._optim import add_l1_grad, cosine_lr, sgd_step  # noqa: F401  (re-exported)
 from .luca import LuCA, check_flow
 
 
@@ -92,31 +93,6 @@ def cpu_threads(n: int):
         yield
     finally:
         torch.set_num_threads(old)
-
-
-def cosine_lr(cfg: ToscaConfig, epoch: int) -> float:
-    """torch's CosineAnnealingLR(T_max=epochs, eta_min) stepped once per epoch, as PILOT."""
-    return cfg.eta_min + (cfg.lr - cfg.eta_min) * (1 + math.cos(math.pi * epoch / cfg.epochs)) / 2
-
-
-@torch.no_grad()
-def sgd_step(params, grads, bufs, *, lr: float, momentum: float, weight_decay: float = 0.0) -> None:
-    """torch.optim.SGD's update (dampening 0, no Nesterov) with foreach ops; bufs start at zero."""
-    grads = list(grads)
-    if weight_decay:
-        grads = torch._foreach_add(grads, params, alpha=weight_decay)
-    torch._foreach_mul_(bufs, momentum)
-    torch._foreach_add_(bufs, grads)
-    torch._foreach_add_(params, bufs, alpha=-lr)
-
-
-@torch.no_grad()
-def add_l1_grad(params, grads, l1: float) -> None:
-    """grads += l1·sign(p): the gradient of l1·Σ|p| (autograd's abs backward, sign(0) = 0),
-    added in place instead of differentiating through abs/sum — the same numbers, half the
-    memory passes (on the CPU this penalty over ~0.4M parameters costs as much as the matmuls)."""
-    if l1:
-        torch._foreach_add_(grads, torch._foreach_sign(params), alpha=l1)
 
 
 class Tosca(nn.Module):
