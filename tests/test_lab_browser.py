@@ -1,0 +1,335 @@
+"""The interactive lab in a real browser: JupyterLab (started as ``lab jupyter`` starts it) in
+headless Chromium runs notebooks 01, 02 and 04 with their smoke parameters through the page (Run
+All Cells), then moves one control of each notebook's panel through the widget DOM and checks
+what a student sees: the figure INSIDE the panel redraws (new title or data), nothing new appears
+anywhere else in the notebook, no figure sits outside the panel in the panel's cell, and the
+browser console stays free of errors. Also measures how long after the control change the panel's
+figure changes (printed; ``-s`` shows it).
+
+Skipped with the reason when /usr/bin/chromium or playwright is missing. Every wait has a limit;
+the server and every kernel it started are stopped by PID in the fixture's teardown.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from _report_helpers import CHROMIUM_ARGS, ROOT, hard_timeout
+
+CHROMIUM = Path("/usr/bin/chromium")
+pytestmark = [pytest.mark.browser, hard_timeout(420)]
+
+if not CHROMIUM.is_file():
+    pytest.skip(f"{CHROMIUM} not found (Debian: apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
+
+SERVER_START_S = 90
+RUN_ALL_S = 240           # one notebook's Run All Cells with smoke parameters
+REDRAW_S = 60             # a control change until the panel's figure changes
+PAGE_TIMEOUT_MS = 30_000
+PANEL_NOTEBOOKS = ("01_ventral_vs_prefrontal", "02_tosca_sparsity_orthogonality", "04_aware_ablations")
+LATENCY: dict[str, float] = {}
+
+# JupyterLab settings for the test: every cell stays in the DOM (no windowing) so the page can be
+# inspected whole; no update or news checks (nothing leaves the machine).
+SETTINGS = {"@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+            "@jupyterlab/apputils-extension/notification.jupyterlab-settings":
+                {"fetchNews": "false", "checkForUpdates": False}}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback only
+        return json.loads(r.read() or b"null")
+
+
+def _prepare(folder: Path) -> None:
+    """Papermill-parameterised (smoke profile), unexecuted copies of the panel notebooks."""
+    import papermill
+
+    from lab.jupyter import DEFAULT_KERNEL
+    from lab.report import params
+
+    for name in PANEL_NOTEBOOKS:
+        src = ROOT / "notebooks" / f"{name}.ipynb"
+        papermill.execute_notebook(str(src), str(folder / src.name), parameters=params.resolve(src, "smoke"),
+                                   prepare_only=True, kernel_name=DEFAULT_KERNEL, progress_bar=False,
+                                   log_output=False, cwd=str(ROOT / "notebooks"))
+
+
+def _stop(pids: list[int]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in alive if _running(p)]
+            time.sleep(0.2)
+        if not alive:
+            return
+
+
+def _running(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return False
+    except ChildProcessError:  # not our child (a kernel): ask the kernel
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory):
+    """JupyterLab with ``lab jupyter``'s command line on a free loopback port and a fresh token,
+    rooted at a folder of smoke-parameterised notebooks; stopped (server and kernels, by PID)."""
+    import psutil
+
+    from lab import jupyter
+
+    base = tmp_path_factory.mktemp("lab-browser")
+    nbdir, settings, home = base / "notebooks", base / "settings", base / "jupyter"
+    nbdir.mkdir()
+    _prepare(nbdir)
+    for rel, value in SETTINGS.items():
+        ext, _, file = rel.rpartition("/")
+        (settings / ext).mkdir(parents=True, exist_ok=True)
+        (settings / ext / file).write_text(json.dumps(value))
+    parser = argparse.ArgumentParser(prog="lab")
+    jupyter.register(parser.add_subparsers())
+    port = _free_port()
+    args = parser.parse_args(["jupyter", "--root-dir", str(nbdir), "--port", str(port), "--",
+                              f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={base / 'ws'}",
+                              "--LabApp.news_url=None", "--ServerApp.log_level=WARN"])
+    argv, env, url = jupyter.build_command(args)
+    env = {**env, "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "JUPYTER_CONFIG_DIR": str(home / "config"),
+           "PYTHONUNBUFFERED": "1"}
+    log = (base / "server.log").open("w")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(nbdir))
+    token = env["JUPYTER_TOKEN"]
+    api = f"http://127.0.0.1:{port}/api"
+    pids: list[int] = [proc.pid]
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"JupyterLab exited ({proc.returncode}): {(base / 'server.log').read_text()[-2000:]}")
+            try:
+                _get(f"{api}/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not answer within {SERVER_START_S} s")
+                time.sleep(0.3)
+        yield {"url": f"http://127.0.0.1:{port}", "token": token, "api": api, "dir": nbdir, "proc": proc}
+    finally:
+        try:  # every kernel the server started, by PID (children of the server process)
+            pids += [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.Error:
+            pass
+        _stop(pids[1:] + pids[:1])
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True, timeout=60_000)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+# --- what the page shows -----------------------------------------------------------------------
+_PROMPTS_DONE = """() => {
+  const cells = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')];
+  return cells.length > 0 && cells.every(c => /\\[\\d+\\]/.test(c.querySelector('.jp-InputPrompt')?.textContent || ''));
+}"""
+# every figure in the panel's output area as drawn: its title, and its traces' decoded x/y/z
+_PANEL_FIGURES = """() => [...document.querySelectorAll('.lab-panel .lab-panel-output .js-plotly-plot')].map(d => ({
+  title: d.querySelector('.gtitle')?.textContent || '',
+  drawn: !!d.querySelector('.main-svg'),
+  data: JSON.stringify((d._fullData || []).map(t => [t.x, t.y, t.z]),
+                       (k, v) => ArrayBuffer.isView(v) ? Array.from(v) : v)}))"""
+_ALL_DRAWN = f"() => {{ const f = ({_PANEL_FIGURES})(); return f.length > 0 && f.every(x => x.drawn); }}"
+_OUTSIDE = """() => {
+  const outs = [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output')].filter(o => !o.closest('.lab-panel'));
+  const cell = document.querySelector('.lab-panel')?.closest('.jp-CodeCell');
+  return {n: outs.length, text: outs.map(o => o.textContent.slice(0, 80)).join('|'),
+          strayInPanelCell: cell ? cell.querySelectorAll('.js-plotly-plot').length -
+                            cell.querySelectorAll('.lab-panel .js-plotly-plot').length : -1,
+          errors: [...document.querySelectorAll('.jp-Notebook [data-mime-type="application/vnd.jupyter.stderr"]')]
+                    .map(e => e.textContent).filter(t => /Traceback|Error/.test(t)).map(t => t.slice(0, 300))};
+}"""
+
+
+def _session(server, name: str, timeout: float) -> dict:
+    """The notebook's session once its kernel is idle and the page is connected to it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for s in _get(f"{server['api']}/sessions?token={server['token']}"):
+            k = s.get("kernel") or {}
+            if s.get("path", "").endswith(f"{name}.ipynb") and k.get("execution_state") == "idle" \
+                    and k.get("connections", 0) >= 1:
+                return s
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name}: no idle kernel connected to the page within {timeout:.0f} s")
+        time.sleep(0.3)
+
+
+def _run_all(page, server, name: str) -> dict:
+    page.goto(f"{server['url']}/lab/tree/{name}.ipynb?token={server['token']}&reset", wait_until="domcontentloaded")
+    page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=PAGE_TIMEOUT_MS)
+    session = _session(server, name, SERVER_START_S)  # the kernel is up before anything runs
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    try:
+        page.wait_for_function(_PROMPTS_DONE, timeout=RUN_ALL_S * 1000, polling=500)
+    finally:
+        info = page.evaluate(_OUTSIDE)
+        assert not info["errors"], f"{name}: a cell failed: {info['errors']}"
+    page.wait_for_function(_ALL_DRAWN, timeout=PAGE_TIMEOUT_MS, polling=200)
+    return session
+
+
+def _change_and_wait(page, name: str, action, expect) -> tuple[list[dict], list[dict]]:
+    """Do ``action`` on the page; wait until the panel's figures differ and satisfy ``expect``."""
+    before = page.evaluate(_PANEL_FIGURES)
+    outside = page.evaluate(_OUTSIDE)
+    assert before and outside["strayInPanelCell"] == 0, f"{name}: figures outside the panel: {outside}"
+    t0 = time.perf_counter()
+    action()
+    # Poll what is drawn until it differs from before and satisfies `expect` (a redraw passes
+    # through transient states: the figures dim while the kernel computes, plotly re-lays out).
+    after, deadline = before, t0 + REDRAW_S
+    while not (after != before and len(after) == len(before) and all(f["drawn"] for f in after) and expect(after)):
+        if time.perf_counter() > deadline:
+            status = page.locator(".lab-panel .lab-panel-status").inner_text()
+            pytest.fail(f"{name}: the panel's figures did not change as expected within {REDRAW_S} s; "
+                        f"status {status!r}; titles {[f['title'] for f in after]}")
+        page.wait_for_timeout(100)
+        after = page.evaluate(_PANEL_FIGURES)
+    LATENCY[name] = time.perf_counter() - t0
+    status = page.locator(".lab-panel .lab-panel-status").inner_text()
+    assert "computing" not in status and "Error" not in status, status
+    now = page.evaluate(_OUTSIDE)
+    assert now["n"] == outside["n"] and now["strayInPanelCell"] == 0, \
+        f"{name}: output appeared outside the panel: {outside} -> {now}"
+    print(f"\n{name}: the panel's figure changed {LATENCY[name]:.2f} s after the control change")
+    return before, after
+
+
+def _type_readout(page, description: str, value: str):
+    """Type a value into a slider's editable readout (what a student does for an exact value)."""
+    def act():
+        slider = page.locator(".lab-panel .widget-slider", has=page.locator(".widget-label", has_text=description))
+        readout = slider.locator(".widget-readout")
+        readout.click()
+        page.keyboard.press("Control+A")
+        page.keyboard.type(value)
+        page.keyboard.press("Enter")
+    return act
+
+
+@pytest.fixture(scope="module")
+def lab_page(lab_server, browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(PAGE_TIMEOUT_MS)
+    page = context.new_page()
+    console: list[str] = []
+    page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: console.append(f"page error: {e}"))
+    try:
+        yield page, console
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def notebook(lab_server, lab_page):
+    """Open a notebook in the page and Run All Cells; afterwards its kernel is shut down."""
+    page, _ = lab_page
+    opened = []
+
+    def open_(name: str):
+        opened.append(_run_all(page, lab_server, name))
+
+    yield open_
+    for s in opened:
+        req = urllib.request.Request(f"{lab_server['api']}/sessions/{s['id']}?token={lab_server['token']}",
+                                     method="DELETE")
+        try:
+            urllib.request.urlopen(req, timeout=10).close()  # noqa: S310 - loopback only
+        except OSError:
+            pass  # the module teardown stops every kernel by PID anyway
+
+
+def test_stage_picker_redraws_inside_the_panel(notebook, lab_page):
+    page, console = lab_page
+    notebook(PANEL_NOTEBOOKS[0])
+    before, after = _change_and_wait(
+        page, "01 stage picker: projection -> t-SNE",
+        lambda: page.locator(".lab-panel .widget-toggle-button", has_text="t-SNE").click(),
+        lambda figs: "t-SNE" in figs[0]["title"] and "PCA" not in figs[0]["title"])
+    assert "PCA" in before[0]["title"] and before[1] == after[1]  # the CKA bars are the same stage's
+    assert not console, f"browser console errors: {console}"
+
+
+def test_tosca_panel_retrains_and_redraws_inside_the_panel(notebook, lab_page):
+    page, console = lab_page
+    notebook(PANEL_NOTEBOOKS[1])
+    before, after = _change_and_wait(page, "02 TOSCA panel: L1 -> 1e-2 (re-trains every task)",
+                                     _type_readout(page, "L1", "1e-2"),
+                                     lambda figs: all("L1=1.0e-02" in f["title"] for f in figs))
+    assert all("L1=5.0e-04" in f["title"] for f in before)
+    status = page.locator(".lab-panel .lab-panel-status").inner_text()
+    assert "head scale σ" in status and "warning" not in status, status  # σ stays > 0 by default
+    assert not console, f"browser console errors: {console}"
+
+
+def test_ablation_panel_reselects_masks_inside_the_panel(notebook, lab_page):
+    page, console = lab_page
+    notebook(PANEL_NOTEBOOKS[2])
+    before, after = _change_and_wait(page, "04 AWARe panel: rho -> 0.5 (masks re-selected on stored saliency)",
+                                     _type_readout(page, "rho", "0.5"),
+                                     lambda figs: "rho=0.5" in figs[-1]["title"])
+    assert "rho=0.3" in before[-1]["title"] and before[0] == after[0]  # the results chart did not move
+    assert not console, f"browser console errors: {console}"
+
+
+def test_latencies_are_reported():
+    """Runs last: the seconds from a control change to the new figure, one line per panel."""
+    if not LATENCY:
+        pytest.skip("no panel was measured")
+    for k, v in LATENCY.items():
+        print(f"latency {k}: {v:.2f} s")
+    assert all(0 < v < REDRAW_S for v in LATENCY.values())
