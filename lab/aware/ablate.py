@@ -133,13 +133,17 @@ class Context:
     saliency: dict = field(default_factory=dict)     # (kind, n) -> Saliency
     info: dict = field(default_factory=dict)
 
+    def upstream(self, model, *, exact: bool | None = None) -> dict:
+        """Upstream skills of ``model`` on the sweep's fixed evaluation questions."""
+        from lab.aware.upstream import upstream_skills
+
+        return upstream_skills(model, self.enc, self.easy, self.probe, batch_size=self.size.eval_batch,
+                               exact=self.size.exact if exact is None else exact)   # probe None: easy-VQA only
+
 
 def upstream(model, ctx: Context, *, exact: bool | None = None) -> dict:
-    """Upstream skills of ``model`` on the sweep's fixed evaluation questions."""
-    from lab.aware.upstream import upstream_skills
-
-    return upstream_skills(model, ctx.enc, ctx.easy, ctx.probe, batch_size=ctx.size.eval_batch,
-                           exact=ctx.size.exact if exact is None else exact)   # probe None: easy-VQA only
+    """Upstream skills of ``model`` on the sweep's fixed evaluation questions (:meth:`Context.upstream`)."""
+    return ctx.upstream(model, exact=exact)
 
 
 def run_variant(ctx: Context, v: Variant, task: str, seed: int, progress: bool, *,

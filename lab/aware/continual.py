@@ -34,8 +34,6 @@ def calibration_batches(qa: QASet, enc, batch_size: int = 8) -> list[dict]:
 def run_sequence(ctx, method: str, seed: int, *, order: tuple[str, ...] = ORDER,
                  aware: AwareConfig = AwareConfig(), progress: bool = True) -> list[dict]:
     """Rows ``{method, seed, stage, stage_task, task, acc}`` (``task='upstream:<skill>'`` at the end)."""
-    from lab.aware.ablate import upstream   # shares the upstream evaluation of the sweep
-
     size = ctx.size
     cfg = replace(size.train, steps=size.continual_steps, seed=seed)
     model = copy.deepcopy(ctx.base)
@@ -56,7 +54,7 @@ def run_sequence(ctx, method: str, seed: int, *, order: tuple[str, ...] = ORDER,
         for t in order[: i + 1]:
             acc = evaluate(model, tests[t], ctx.enc, batch_size=size.eval_batch)["acc"]
             rows.append({"method": method, "seed": seed, "stage": i, "stage_task": task, "task": t, "acc": acc})
-    for skill, acc in upstream(model, ctx, exact=False).items():
+    for skill, acc in ctx.upstream(model, exact=False).items():   # the sweep's upstream evaluation
         rows.append({"method": method, "seed": seed, "stage": len(order) - 1, "stage_task": order[-1],
                      "task": f"upstream:{skill}", "acc": acc})
     return rows

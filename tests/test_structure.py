@@ -1,0 +1,90 @@
+"""The shape of the repository: no import cycles among lab's modules, and self-contained words.
+
+The import graph is built from the source (``import`` / ``from`` statements anywhere in a module,
+top level and inside functions), so a cycle hidden behind a function-level import counts too.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB = ROOT / "lab"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = LAB) -> dict[str, set[str]]:
+    """``{module: modules of lab it imports}`` (a package import counts as its ``__init__``)."""
+    modules = {module_name(p): p for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - node.level + 1]
+                    src = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    src = node.module or ""
+                # ``from pkg import mod`` imports the submodule when there is one
+                names = [f"{src}.{a.name}" if f"{src}.{a.name}" in modules else src for a in node.names]
+            else:
+                continue
+            for name in names:
+                while name and name not in modules:  # lab.x.y.attr -> the module that holds it
+                    name = name.rpartition(".")[0]
+                if name and name != mod:
+                    graph[mod].add(name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component with more than one module (Tarjan), as sorted lists."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_import_graph_sees_function_level_and_relative_imports():
+    g = import_graph()
+    assert "lab.tosca.learner" in g["lab.tosca.run"]          # relative, top level
+    assert "lab.data" in g["lab.features"]                      # absolute, inside a function
+
+
+def test_no_import_cycles_among_lab_modules():
+    found = cycles(import_graph())
+    assert not found, "import cycles among lab's modules: " + "; ".join(" <-> ".join(c) for c in found)
