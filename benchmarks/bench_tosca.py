@@ -1,4 +1,4 @@
-"""TOSCA cost, measured in one run (issue 3, "benchmarks/").
+"""TOSCA cost, measured in one run (docs/tosca.md).
 
 Prints
 1. TOSCA end-to-end (one backbone feature pass + training every task on cached features + evaluation

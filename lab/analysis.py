@@ -1,4 +1,4 @@
-"""Instruments for the ventral-stream notebook (issue 5, notebook 01) and the routing study of
+"""Instruments for the ventral-stream notebook (notebook 01) and the routing study of
 notebook 02: what a representation is like along a backbone's depth, and what adapting it changes.
 
 * :func:`linear_cka`, :func:`cka_matrix`, :func:`cka_by_stage` — linear CKA (Kornblith et al.,

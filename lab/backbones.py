@@ -29,9 +29,9 @@ from lab._registry import Registry
 
 _REGISTRY = Registry("backbone")
 DEFAULT_BACKBONE = "efficientnet_lite0"
-# Chosen by measurement on the offline default (see data_cards/fashion_mnist_mini.md and the
-# foundation issue note): 28x28 images upsampled to 160 px give the same prototype accuracy
-# as 224 px at about twice the throughput on 2 CPU cores; 128 px loses ~2 points.
+# Chosen by measurement on the offline default (see data_cards/fashion_mnist_mini.md): 28x28
+# images upsampled to 160 px give the same prototype accuracy as 224 px at about twice the
+# throughput on 2 CPU cores; 128 px loses ~2 points.
 DEFAULT_RESOLUTION = 160
 
 

@@ -88,3 +88,33 @@ def test_the_import_graph_sees_function_level_and_relative_imports():
 def test_no_import_cycles_among_lab_modules():
     found = cycles(import_graph())
     assert not found, "import cycles among lab's modules: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+# ---- self-contained words ----------------------------------------------------------------------
+FORBIDDEN = re.compile(r"\.\./shared|shared/spec|spec:? ?(aware|tosca)\.md|\bissues? #?\d", re.IGNORECASE)
+
+
+def _text_files():
+    for base in ("lab", "notebooks", "docs"):
+        for p in sorted((ROOT / base).rglob("*")):
+            if p.is_file() and p.suffix in (".py", ".ipynb", ".md", ".json", ".txt", ".toml", ".cfg"):
+                yield p
+    yield ROOT / "README.md"
+
+
+def test_forbidden_pattern_catches_what_it_should():
+    for bad in ("see ../shared/x", "shared/spec/tosca.md", "(spec aware.md)", "(spec: tosca.md, ...)",
+                "issue 3", "Issue #12", "issues 2 and 5"):
+        assert FORBIDDEN.search(bad), bad
+    for ok in ("docs/tosca.md", "a known issue", "MethodSpec(...)", "kernelspec"):
+        assert not FORBIDDEN.search(ok), ok
+
+
+def test_repository_words_are_self_contained():
+    """No reference to files outside the repository, to a spec file, or to an issue number."""
+    hits = []
+    for p in _text_files():
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            if FORBIDDEN.search(line):
+                hits.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
+    assert not hits, "\n".join(hits)

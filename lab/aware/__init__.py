@@ -1,4 +1,4 @@
-"""AWARe — Activation-Weighted Adaptive REtention (Liao et al., EMNLP 2026; spec aware.md).
+"""AWARe — Activation-Weighted Adaptive REtention (Liao et al., EMNLP 2026; docs/aware.md).
 
 Generic core, usable on any torch model (a hub LLaVA as well as the offline mini-LLaVA)::
 

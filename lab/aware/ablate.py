@@ -1,4 +1,4 @@
-"""The AWARe ablation runner: every method and every ablation axis of spec aware.md, one table.
+"""The AWARe ablation runner: every method and every ablation axis of docs/aware.md ("Ablations"), one table.
 
 Axes (each compared with the main AWARe setting: rho=0.3, activation-global, q/k/v+projector,
 200 upstream calibration samples): methods (zero-shot, full, LoRA, DoRA, AWARe), selection rule,

@@ -1,4 +1,4 @@
-"""AWARe configuration: a small frozen dataclass validated on construction (spec aware.md)."""
+"""AWARe configuration: a small frozen dataclass validated on construction (docs/aware.md)."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""A continual sequence of downstream tasks (spec aware.md, "Continual instruction tuning").
+"""A continual sequence of downstream tasks (docs/aware.md, "Metrics").
 
 The model learns the tasks one after another (default fashion -> digits -> even). After each
 stage every task seen so far is evaluated, giving ``acc[i][j]`` for the per-stage averages, the

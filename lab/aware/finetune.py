@@ -1,4 +1,4 @@
-"""One harness for every fine-tuning method compared with AWARe (spec aware.md, "Phase 2").
+"""One harness for every fine-tuning method compared with AWARe (docs/aware.md, "Baselines").
 
 Methods differ only in :func:`prepare` (which parameters train, at which learning rate):
 
@@ -41,10 +41,8 @@ class TrainConfig:
     """Optimisation recipe: the reference's (weight decay 0, 3% warm-up then cosine) with a faster
     projector so a few dozen steps learn a new visual task, and each method's own language-model
     (or adapter) lr chosen on validation questions by ``lab aware tune`` (:mod:`lab.aware.tune`;
-    fashion, 24 steps x 8, 100 validation questions, mean of seeds 0 and 1, measured 2026-11-30):
-    full 2e-5 (the reference's; 1e-5 learned less, 5e-5 collapsed), LoRA/DoRA 1e-4 (of
-    1e-4/3e-4/1e-3; seed 1 alone preferred 3e-4), AWARe 3e-4 (of 2e-5/1e-4/3e-4/1e-3: at the
-    reference 2e-5 its ~9 % of q/k/v rows barely move in 24 steps).
+    the grids and what they chose: docs/aware.md, "Learning rates"): full 2e-5 (the reference's),
+    LoRA/DoRA 1e-4, AWARe 3e-4.
     ``lr_aware=None`` gives AWARe the same lr as full fine-tuning, as the reference does."""
 
     steps: int = 24

@@ -1,4 +1,4 @@
-"""The masking rule: which output neurons (rows of W) AWARe keeps frozen (spec aware.md, "Phase 2").
+"""The masking rule: which output neurons (rows of W) AWARe keeps frozen (docs/aware.md, "Phase 2").
 
 ``select(scores, rho, rule)`` returns ``{layer name: BoolTensor[d_out]}`` with ``True`` for a
 *retained* (frozen) row. Rules:

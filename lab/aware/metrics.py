@@ -1,4 +1,4 @@
-"""AWARe's evaluation numbers as pure functions (spec aware.md, "Metrics").
+"""AWARe's evaluation numbers as pure functions (docs/aware.md, "Metrics").
 
 - R, retention: upstream performance after fine-tuning relative to before (percent).
 - E, efficiency: downstream performance relative to full fine-tuning (percent).

@@ -1,4 +1,4 @@
-"""Phase 1 of AWARe — knowledge profiling (spec aware.md, "Phase 1").
+"""Phase 1 of AWARe — knowledge profiling (docs/aware.md, "Phase 1").
 
 For every target Linear with output activation ``A`` of shape ``[B, L, d_out]`` and each sample:
 

@@ -1,4 +1,4 @@
-"""Which Linear layers AWARe profiles and constrains (spec aware.md, "Targets").
+"""Which Linear layers AWARe profiles and constrains (docs/aware.md, "Phase 2").
 
 Targets are chosen by *module-name component* patterns (``q_proj`` matches
 ``...self_attn.q_proj``; ``mm_projector`` matches every Linear inside the projector) and are
@@ -13,7 +13,7 @@ from typing import Iterable
 
 from torch import nn
 
-# Named target sets used by the ablation ("targets" axis of spec aware.md).
+# Named target sets used by the ablation ("targets" axis, docs/aware.md "Ablations").
 _QKV = ("q_proj", "k_proj", "v_proj")
 _PROJECTOR = ("mm_projector", "multi_modal_projector")  # mini-LLaVA / transformers' Llava
 _MLP = ("gate_proj", "up_proj", "down_proj")

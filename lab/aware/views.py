@@ -1,4 +1,4 @@
-"""Tables and plotly figures for the AWARe notebooks (03 saliency, 04 ablations; issue 5).
+"""Tables and plotly figures for the AWARe notebooks (03 saliency, 04 ablations).
 
 Thin layer over :mod:`lab.aware`: nothing here trains or scores; it builds the context the
 notebooks need, arranges saliency vectors / masks / result tables, and draws them.

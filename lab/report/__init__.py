@@ -1,4 +1,4 @@
-"""Reports: every notebook rendered offline, plus an index of headline numbers (issues 2 and 5).
+"""Reports: every notebook rendered offline, plus an index of headline numbers.
 
 Notebook side (cheap imports)::
 

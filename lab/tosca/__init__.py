@@ -1,5 +1,5 @@
 """TOSCA (Yildirim et al., "Unlocking [CLS] Features for Continual Post-Training", TMLR 2026) and
-the class-incremental harness around it. Spec: shared/spec/tosca.md.
+the class-incremental harness around it. The method: docs/tosca.md.
 
 One concept per file:
 

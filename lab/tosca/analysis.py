@@ -1,5 +1,5 @@
 """Sparsity and orthogonality of the learned LuCA modules, and the entropy routing's raw material
-(issue 3, "Sparsity and orthogonality"). Pure functions of a trained :class:`~lab.tosca.learner.Tosca`
+(docs/tosca.md, "Sparsity and orthogonality"). Pure functions of a trained :class:`~lab.tosca.learner.Tosca`
 and features; every result is a tidy DataFrame for the notebooks.
 
 Definitions (ours, stated because the paper gives none):

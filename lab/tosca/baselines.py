@@ -1,4 +1,4 @@
-"""Baselines in the same harness, on the same cached features (issue 3, "Baselines").
+"""Baselines in the same harness, on the same cached features (docs/tosca.md, "Baselines").
 
 * :class:`SimpleCIL` — Zhou et al. 2023: a cosine classifier whose rows are class-mean prototypes
   of the frozen features; nothing is trained.

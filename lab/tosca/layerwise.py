@@ -1,5 +1,5 @@
 """Layer-wise adapter baseline (APER-adapter in PILOT; Zhou et al. 2024), the reference point for
-TOSCA's parameter and time ratios (issue 3, "Baselines").
+TOSCA's parameter and time ratios (docs/tosca.md, "Baselines").
 
 A bottleneck adapter sits in EVERY backbone block; the adapters (plus a cosine head) are trained on
 the first task only and then frozen. Every class, first task included, is then represented by the

@@ -1,4 +1,4 @@
-"""The TOSCA learner (spec: tosca.md, "Training, per task t"), read top to bottom.
+"""The TOSCA learner (docs/tosca.md, "Training, per task t"), read top to bottom.
 
 Per task t: a fresh LuCA (re-initialised as the reference) and the shared cosine head, grown by the
 task's classes, are trained together with ``CE(head(LuCA(x)), y) + l1·Σ|p|`` (p: every LuCA

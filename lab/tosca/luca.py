@@ -1,4 +1,4 @@
-"""LuCA — Learn and Calibrate — the per-task module of TOSCA (spec: tosca.md, "LuCA").
+"""LuCA — Learn and Calibrate — the per-task module of TOSCA (docs/tosca.md, "LuCA").
 
 One LuCA sits on the d-dim decision-point feature of the frozen backbone (timm pre-logits:
 the final [CLS] token after the last norm for a ViT, the pooled feature for a CNN)::

@@ -1,6 +1,6 @@
 """Inference for TOSCA: one backbone feature per image, every task module on it, entropy routing.
 
-(spec: tosca.md, "Inference".) For module i, ``logits_i = head(LuCA_i(f))`` over every class seen so
+(docs/tosca.md, "Inference: entropy routing".) For module i, ``logits_i = head(LuCA_i(f))`` over every class seen so
 far; the module with the lowest softmax entropy answers. Routings:
 
 * ``per-sample`` (default, honest): each test image picks its own module.

@@ -1,4 +1,4 @@
-"""Run a whole class-incremental scenario with one method and record everything (issue 3).
+"""Run a whole class-incremental scenario with one method and record everything.
 
     >>> from lab.tosca.run import RunConfig, run
     >>> res = run(RunConfig(datasets=("fashion_mnist_mini",), init=0, inc=2, method="tosca"))
