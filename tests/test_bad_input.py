@@ -1,0 +1,381 @@
+"""Bad input never costs work, data or a silent wrong answer: one table, every argument of every
+subcommand.
+
+Each row is (command, parameter it covers, argv, environment, expected message fragment, time
+bound, exit status). Every row must exit with status 2 within its bound, print exactly ONE line
+on stderr containing the fragment and no traceback, and leave no run folder behind ($LAB_RUNS_DIR
+is a fresh folder). Cheap rows call ``lab.cli.main`` in this process (imports warmed once, so the
+bound measures the checks, not Python's start-up); the rows that used to end in a traceback run
+the real ``lab`` in parallel subprocesses, as does the Ctrl-C test. ``test_every_argument_has_a_row``
+fails when a subcommand gains an argument without a bad-input row here.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from lab import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+NB02 = "02_tosca_sparsity_orthogonality"
+
+
+@dataclass(frozen=True)
+class Row:
+    command: str              # "tosca", "aware finetune", ... ("" = lab itself)
+    param: str                # the argument it covers: "--lr", "extra", "(none)", or "$ENV" for the environment
+    argv: tuple[str, ...]     # after the command; {file} {dir} ... are filled in from the sandbox
+    fragment: str             # expected in the one-line message
+    env: dict = field(default_factory=dict)
+    bound: float = 5.0        # seconds
+    code: int = 2
+    sub: bool = False         # run the real `lab` in a subprocess
+
+    @property
+    def id(self) -> str:
+        return f"{self.command or 'lab'}:{' '.join(self.argv)}{' ' + str(self.env) if self.env else ''}"
+
+
+def R(command, param, argv, fragment, **kw) -> Row:
+    return Row(command, param, tuple(argv), fragment, **kw)
+
+
+AWARE_ACTIONS = ("profile", "finetune", "ablate", "tune")
+
+
+def _aware_common(action: str) -> list[Row]:
+    c = f"aware {action}"
+    return [
+        R(c, "--size", ["--size", "huge"], "argument --size: invalid choice"),
+        R(c, "--cache-dir", ["--cache-dir", "{file}"], "--cache-dir {file}: is a file, not a folder"),
+        R(c, "--quiet", ["--quiet=1"], "ignored explicit argument"),
+        R(c, "--device", ["--device", "foo"], "--device foo: must be cpu, cuda or cuda:N"),
+        R(c, "--steps", ["--steps", "0"], "--steps 0: must be an integer >= 1"),
+        R(c, "--lr", ["--lr", "nan"], "--lr nan: must be a finite number > 0"),
+        R(c, "--lr-aware", ["--lr-aware", "inf"], "--lr-aware inf: must be a finite number > 0"),
+        R(c, "--lr-projector", ["--lr-projector", "0"], "--lr-projector 0.0: must be a finite number > 0"),
+        R(c, "--lr-adapter", ["--lr-adapter", "-1"], "--lr-adapter -1.0: must be a finite number > 0"),
+    ]
+
+
+ROWS: list[Row] = [
+    # lab itself and the listing commands
+    R("", "(none)", ["--bogus"], "lab: error: unrecognized arguments: --bogus"),
+    R("", "(none)", ["nope"], "argument COMMAND: invalid choice: 'nope'"),
+    R("backbones", "(none)", ["--bogus"], "unrecognized arguments: --bogus"),
+    R("datasets", "--root", ["--root", "{file}"], "--root {file}: is a file, not a folder"),
+    R("datasets", "$LAB_DATA_DIR", [], "$LAB_DATA_DIR {file}: is a file", env={"LAB_DATA_DIR": "{file}"}),
+    # lab features
+    R("features", "--backbone", ["--backbone", "nope"], "unknown backbone 'nope'; valid backbones: efficientnet_lite0"),
+    R("features", "--dataset", ["--dataset", "nope"], "unknown dataset 'nope'; valid datasets:"),
+    R("features", "--resolution", ["--resolution", "0"], "--resolution 0: need 32..512 px"),
+    R("features", "--resolution", ["--resolution", "abc"], "argument --resolution: invalid int value: 'abc'"),
+    R("features", "--splits", ["--splits", "val"], "argument --splits: invalid choice: 'val'"),
+    R("features", "--batch-size", ["--batch-size", "0"], "--batch-size 0: must be an integer >= 1"),
+    R("features", "--all-stages", ["--all-stages=yes"], "ignored explicit argument 'yes'"),
+    R("features", "--cache-dir", ["--cache-dir", "{file}"], "--cache-dir {file}: is a file, not a folder", sub=True, bound=30),
+    R("features", "--cache-dir", ["--cache-dir", "{unwritable}"], "--cache-dir {unwritable}: cannot write into"),
+    R("features", "$LAB_CACHE_DIR", [], "$LAB_CACHE_DIR {file}: is a file", env={"LAB_CACHE_DIR": "{file}"}),
+    R("features", "--weights", ["--weights", "{missing}"], "--weights {missing}: does not exist"),
+    R("features", "--weights", ["--weights", "{dir}"], "--weights {dir}: is a folder; give a file"),
+    R("features", "--weights", ["--weights", "{garbage}", "--splits", "test", "--cache-dir", "{dir}"],
+      "is not a loadable weights file"),
+    R("features", "--weights", ["--backbone", "vit_tiny_patch16_224", "--weights", "{garbage}"], "takes no weights"),
+    R("features", "$LAB_VIT_B16_WEIGHTS", ["--backbone", "vit_base_patch16_224.augreg_in21k"],
+      "$LAB_VIT_B16_WEIGHTS {dir}: is a folder", env={"LAB_VIT_B16_WEIGHTS": "{dir}"}),
+    R("features", "--quiet", ["--quiet=1"], "ignored explicit argument '1'"),
+    # lab tosca
+    R("tosca", "--dataset", ["--dataset", "nope"], "unknown dataset 'nope'; valid datasets:"),
+    R("tosca", "--dataset", ["--dataset", "cub200"], "cub200: no train/ and test/ folders", env={"LAB_DATA_DIR": "{dir}"}),
+    R("tosca", "--backbone", ["--backbone", "nope"], "valid backbones:"),
+    R("tosca", "--backbone", ["--backbone", "vit_base_patch16_224.augreg_in21k"], "or pass a file with --weights",
+      env={"HF_HUB_OFFLINE": "1", "HF_HOME": "{dir}"}, sub=True, bound=30),   # no ViT weights anywhere
+    R("tosca", "--resolution", ["--resolution", "0"], "--resolution 0: need 32..512 px"),
+    R("tosca", "--weights", ["--weights", "{dir}"], "--weights {dir}: is a folder; give a file"),
+    R("tosca", "--weights", ["--weights", "{garbage}"], "{garbage} is not a loadable weights file"),
+    R("tosca", "--weights", ["--weights", "{pickle}"], "{pickle} is not a loadable weights file"),
+    R("tosca", "$LAB_VIT_B16_WEIGHTS", ["--backbone", "vit_base_patch16_224.augreg_in21k"],
+      "$LAB_VIT_B16_WEIGHTS {dir}: is a folder", env={"LAB_VIT_B16_WEIGHTS": "{dir}"}),
+    R("tosca", "--init", ["--init", "-1"], "--init -1: must be an integer >= 0"),
+    R("tosca", "--init", ["--init", "11"], "init=11 exceeds the 10 classes"),
+    R("tosca", "--inc", ["--inc", "0"], "--inc 0: must be an integer >= 1"),
+    R("tosca", "--seed", ["--seed", "-1"], "--seed -1: must be an integer >= 0"),
+    R("tosca", "--method", ["--method", "nope"], "argument --method: invalid choice: 'nope'"),
+    R("tosca", "--routing", ["--routing", "nope"], "argument --routing: invalid choice"),
+    R("tosca", "--mode", ["--mode", "nope"], "argument --mode: invalid choice"),
+    R("tosca", "--epochs", ["--epochs", "0"], "--epochs 0: must be an integer >= 1"),
+    R("tosca", "--epochs", ["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
+    R("tosca", "--batch-size", ["--batch-size", "0"], "--batch-size 0: must be an integer >= 1"),
+    R("tosca", "--lr", ["--lr", "0", "--epochs", "2"], "--lr 0.0: must be a finite number > 0"),
+    R("tosca", "--lr", ["--lr", "nan"], "--lr nan: must be a finite number > 0"),
+    R("tosca", "--lr", ["--lr=-inf"], "--lr -inf: must be a finite number > 0"),
+    R("tosca", "--l1", ["--l1", "nan"], "--l1 nan: must be a finite number >= 0"),
+    R("tosca", "--l1", ["--l1", "-1"], "--l1 -1.0: must be a finite number >= 0"),
+    R("tosca", "--ratio", ["--ratio", "0"], "--ratio 0: must be an integer >= 1"),
+    R("tosca", "--ratio", ["--ratio", "5000"], "--ratio 5000: must be an integer >= 1 and <= 1280"),
+    R("tosca", "--flow", ["--flow", "nope"], "argument --flow: invalid choice"),
+    R("tosca", "--per-batch-size", ["--per-batch-size", "0"], "--per-batch-size 0: must be an integer >= 1"),
+    R("tosca", "--device", ["--device", "foo"], "--device foo: must be cpu, cuda or cuda:N"),
+    R("tosca", "--device", ["--device", "cuda:99"], "--device cuda:99:"),
+    R("tosca", "--engine", ["--engine", "nope"], "argument --engine: invalid choice"),
+    R("tosca", "--engine", ["--engine", "cuda_graph"], "--engine cuda_graph: needs --device cuda"),
+    R("tosca", "--head-scale-param", ["--head-scale-param", "nope"], "argument --head-scale-param: invalid choice"),
+    R("tosca", "--runs-dir", ["--runs-dir", "{file}"], "--runs-dir {file}: {file} is a file, so the folder cannot be created",
+      sub=True, bound=30),
+    R("tosca", "--runs-dir", ["--runs-dir", "{unwritable}"], "--runs-dir {unwritable}: cannot write into"),
+    R("tosca", "$LAB_RUNS_DIR", [], "$LAB_RUNS_DIR {file}: {file} is a file", env={"LAB_RUNS_DIR": "{file}"}),
+    R("tosca", "--resume", ["--resume", "{file}"], "--resume {file}: is a file, not a folder", sub=True, bound=30),
+    R("tosca", "--resume", ["--resume", "{dir}"], "--resume {dir}: is not a tosca run folder (no config.json)"),
+    R("tosca", "--resume", ["--resume", "{missing}"], "--resume {missing}: does not exist"),
+    R("tosca", "--resume", ["--resume", "{run_empty_lock}"], "unreadable lock {run_empty_lock}/.lock"),
+    R("tosca", "--resume", ["--resume", "{run_garbage_lock}"], "remove it: rm {run_garbage_lock}/.lock"),
+    R("tosca", "--resume", ["--resume", "{run_alive_lock}"], "is in use by process"),
+    R("tosca", "--resume", ["--resume", "{run_other}"], "its config differs (stored, given)"),
+    R("tosca", "--quiet", ["--quiet=1"], "ignored explicit argument"),
+    # lab aware (the options every action shares, then each action's own)
+    R("aware", "(none)", ["nope"], "argument ACTION: invalid choice: 'nope'"),
+    *[row for action in AWARE_ACTIONS for row in _aware_common(action)],
+    R("aware profile", "--calib", ["--calib", "nope"], "argument --calib: invalid choice"),
+    R("aware profile", "--n", ["--n", "0"], "--n 0: must be an integer >= 1"),
+    R("aware profile", "--targets", ["--targets", "[bad("], "--targets [bad(: not a valid regular expression",
+      sub=True, bound=30),
+    R("aware profile", "--targets", ["--targets", "nomatch_xyz"], "--targets nomatch_xyz: matches no Linear layer",
+      bound=3),
+    R("aware profile", "--targets", ["--targets", ","], "give a preset"),
+    R("aware profile", "--out", ["--out", "{dir}"], "--out {dir}: is a folder; give a file path", sub=True, bound=30),
+    R("aware profile", "--out", ["--out", "{file}/x.safetensors"], "{file} is a file, so the folder cannot be created"),
+    R("aware profile", "$LAB_RUNS_DIR", [], "$LAB_RUNS_DIR {unwritable}: cannot write into",
+      env={"LAB_RUNS_DIR": "{unwritable}"}, sub=True, bound=30),
+    R("aware finetune", "--lr", ["--size", "smoke", "--method", "full", "--lr", "nan"], "--lr nan: must be a finite"),
+    R("aware finetune", "--lr-aware", ["--size", "smoke", "--lr-aware", "nan"], "--lr-aware nan: must be a finite"),
+    R("aware finetune", "--method", ["--method", "nope"], "argument --method: invalid choice"),
+    R("aware finetune", "--task", ["--task", "nope"], "argument --task: invalid choice"),
+    R("aware finetune", "--rho", ["--rho", "1.5"], "--rho 1.5: must be a number in [0, 1]"),
+    R("aware finetune", "--rho", ["--rho", "nan"], "--rho nan: must be a number in [0, 1]"),
+    R("aware finetune", "--rule", ["--rule", "nope"], "argument --rule: invalid choice"),
+    R("aware finetune", "--targets", ["--targets", "nomatch_xyz"], "--targets nomatch_xyz: matches no Linear layer",
+      bound=3),
+    R("aware finetune", "--calib", ["--calib", "nope"], "argument --calib: invalid choice"),
+    R("aware finetune", "--seed", ["--seed", "-1"], "--seed -1: must be an integer >= 0"),
+    R("aware finetune", "--save", ["--save", "{file}"], "--save {file}: is a file, not a folder", sub=True, bound=30),
+    R("aware finetune", "--save", ["--save", "{unwritable}/model"], "cannot write into"),
+    R("aware ablate", "--seeds", ["--seeds", "-1"], "--seeds -1: must be an integer >= 0"),
+    R("aware ablate", "--groups", ["--groups", "nope"], "argument --groups: invalid choice"),
+    R("aware ablate", "--task", ["--task", "nope"], "argument --task: invalid choice"),
+    R("aware ablate", "--run-dir", ["--run-dir", "{file}"], "--run-dir {file}: is a file, not a folder"),
+    R("aware tune", "--task", ["--task", "nope"], "argument --task: invalid choice"),
+    R("aware tune", "--seeds", ["--seeds", "-3"], "--seeds -3: must be an integer >= 0"),
+    R("aware tune", "--n-val", ["--n-val", "0"], "--n-val 0: must be an integer >= 1"),
+    R("aware tune", "--grid", ["--grid", "full=nan"], "--grid full nan: must be a finite number > 0"),
+    R("aware tune", "--grid", ["--grid", "aware=1e-4"], "must include 'full'"),
+    R("aware tune", "--grid", ["--grid", "full=x"], "learning rates must be numbers"),
+    R("aware tune", "--grid", ["--grid", "qlora=1e-4", "full=1e-5"], "tunable methods"),
+    R("aware tune", "--run-dir", ["--run-dir", "{unwritable}"], "--run-dir {unwritable}: cannot write into"),
+    # lab report
+    R("report", "--only", ["--only", "nope"], "no notebook named ['nope']"),
+    R("report", "--out", ["--out", "{file}"], "--out {file}: is a file, not a folder", sub=True, bound=30),
+    R("report", "--out", ["--out", "{unwritable}"], "--out {unwritable}: cannot write into"),
+    R("report", "--params", ["--params", "huge"], "argument --params: invalid choice"),
+    R("report", "--parameter", ["-p", "seed=notanint", "--only", NB02],
+      f'-p seed="notanint": must be an integer in {NB02}.ipynb'),
+    R("report", "--parameter", ["-p", "datasets=mnist_5k", "--only", NB02], "must be a list of strings"),
+    R("report", "--parameter", ["-p", "epochs=NaN", "--only", NB02], "must be a finite number"),
+    R("report", "--parameter", ["-p", "nope=1", "--only", NB02], "unknown parameter(s) ['nope']"),
+    R("report", "--parameter", ["-p", "3=4"], "expected NAME=VALUE"),
+    R("report", "--notebooks", ["--notebooks", "{file}"], "--notebooks {file}: is a file, not a folder"),
+    R("report", "--notebooks", ["--notebooks", "{dir}"], "no notebooks in"),
+    R("report", "--no-png", ["--no-png=1"], "ignored explicit argument"),
+    R("report", "--kernel", ["--kernel", "nope"], "--kernel nope: no such Jupyter kernel; installed:"),
+    R("report", "--timeout", ["--timeout", "-1"], "--timeout -1.0: must be a finite number > 0"),
+    R("report", "--timeout", ["--timeout", "nan"], "--timeout nan: must be a finite number > 0"),
+    # lab jupyter (nothing starts: the checks come first)
+    R("jupyter", "--port", ["--port", "70000"], "--port 70000: must be an integer >= 0 and <= 65535"),
+    R("jupyter", "--port", ["--port", "-1"], "--port -1: must be an integer >= 0"),
+    R("jupyter", "--token", ["--token", "a b"], "--token 'a b': must be non-empty"),
+    R("jupyter", "--root-dir", ["--root-dir", "{file}"], "--root-dir {file}: is a file, not a folder"),
+    R("jupyter", "--kernel", ["--kernel", "no kernel"], "--kernel 'no kernel': must be a kernel name"),
+    R("jupyter", "--dry-run", ["--dry-run=1"], "ignored explicit argument"),
+    R("jupyter", "extra", ["--dry-run", "--", "--ip=0.0.0.0"], "--ip=0.0.0.0: the address, port and token are set"),
+]
+
+
+# --- the sandbox the rows refer to ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory) -> dict[str, str]:
+    import pickle
+
+    tmp = tmp_path_factory.mktemp("bad_input")
+    (tmp / "a_file.txt").write_text("not a folder\n")
+    (tmp / "a_dir").mkdir()
+    (tmp / "garbage.pth").write_bytes(os.urandom(2048))
+    (tmp / "code.pth").write_bytes(pickle.dumps({"w": argparse.Namespace(x=1)}))  # a pickle that carries a class
+    paths = {"file": tmp / "a_file.txt", "dir": tmp / "a_dir", "missing": tmp / "missing" / "nothing.pth",
+             "garbage": tmp / "garbage.pth", "pickle": tmp / "code.pth"}
+    for name, lock in (("run_empty_lock", ""), ("run_garbage_lock", "not-a-pid\n"),
+                       ("run_alive_lock", f"{os.getppid()}\n"), ("run_other", None)):
+        folder = tmp / name
+        folder.mkdir()
+        (folder / "config.json").write_text('{"epochs": 1}\n')
+        if lock is not None:
+            (folder / ".lock").write_text(lock)
+        paths[name] = folder
+    if os.geteuid() == 0:  # root writes anywhere a mode allows: use a folder the kernel refuses
+        paths["unwritable"] = Path("/sys")
+    else:
+        ro = tmp / "read_only"
+        ro.mkdir()
+        ro.chmod(0o555)
+        paths["unwritable"] = ro
+    return {k: str(v) for k, v in paths.items()}
+
+
+def _fill(text: str, sandbox: dict) -> str:
+    return text.format(**sandbox)
+
+
+def _argv(row: Row, sandbox: dict) -> list[str]:
+    return [*row.command.split(), *(_fill(a, sandbox) for a in row.argv)]
+
+
+def _runs_dirs(runs: Path) -> list[Path]:
+    return [p for p in runs.glob("*/*") if p.is_dir()]
+
+
+def _check(row: Row, sandbox: dict, code, err: str, seconds: float, runs: Path) -> None:
+    assert code == row.code, err
+    assert "Traceback" not in err, err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert _fill(row.fragment, sandbox) in lines[0], lines[0]
+    assert seconds < row.bound, f"{seconds:.1f} s > {row.bound} s"
+    assert _runs_dirs(runs) == [], "a run folder was created"
+
+
+# --- in-process rows --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def warm():
+    """Import what the checks use once, so each row's time is its own checks."""
+    import jupyter_client.kernelspec  # noqa: F401
+    import papermill  # noqa: F401
+    import torch  # noqa: F401
+
+    from lab.aware.config import mini_llava_skeleton
+
+    mini_llava_skeleton()
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if not r.sub], ids=lambda r: r.id)
+def test_bad_input_in_process(row, sandbox, warm, tmp_path, monkeypatch, capsys):
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("LAB_RUNS_DIR", str(runs))
+    for k, v in row.env.items():
+        monkeypatch.setenv(k, _fill(v, sandbox))
+    capsys.readouterr()
+    t0 = time.perf_counter()
+    try:
+        code = cli.main(_argv(row, sandbox))
+    except SystemExit as exc:  # argparse
+        code = exc.code
+    seconds = time.perf_counter() - t0
+    _check(row, sandbox, code, capsys.readouterr().err, seconds, runs)
+
+
+# --- subprocess rows (the real `lab`, in parallel) ------------------------------------------------
+def _lab(argv: list[str], env: dict) -> tuple[int, str, float]:
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "lab.cli", *argv], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=120)
+    return p.returncode, p.stderr, time.perf_counter() - t0
+
+
+@pytest.fixture(scope="module")
+def sub_results(sandbox, tmp_path_factory):
+    rows = [r for r in ROWS if r.sub]
+    runs = tmp_path_factory.mktemp("sub_runs")
+    jobs = {}
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        for row in rows:
+            env = {**os.environ, "LAB_RUNS_DIR": str(runs), "PYTHONWARNINGS": "ignore",
+                   **{k: _fill(v, sandbox) for k, v in row.env.items()}}
+            jobs[row.id] = pool.submit(_lab, _argv(row, sandbox), env)
+    return runs, {key: f.result() for key, f in jobs.items()}
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if r.sub], ids=lambda r: r.id)
+def test_bad_input_subprocess(row, sandbox, sub_results):
+    runs, results = sub_results
+    code, err, seconds = results[row.id]
+    _check(row, sandbox, code, err, seconds, runs)
+
+
+def test_ctrl_c_names_the_run_folder_and_the_resume_command(tmp_path):
+    """SIGINT during a (long) TOSCA run: one line with the folder and how to resume, exit 130."""
+    env = {**os.environ, "LAB_RUNS_DIR": str(tmp_path)}
+    p = subprocess.Popen([sys.executable, "-m", "lab.cli", "tosca", "--epochs", "100000", "--quiet"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not list(tmp_path.glob("tosca/*/config.json")) and p.poll() is None:
+            time.sleep(0.2)
+        time.sleep(1.0)  # inside the training loop
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    (folder,) = tmp_path.glob("tosca/*")
+    assert p.returncode == 130, err
+    assert "Traceback" not in err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert str(folder) in lines[0] and f"--resume {folder}" in lines[0] and "lab tosca --epochs 100000" in lines[0]
+    assert not (folder / ".lock").exists()  # released: the resume command works at once
+
+
+# --- the table covers every argument ---------------------------------------------------------------
+def _arguments() -> set[tuple[str, str]]:
+    """(command, long option or positional dest) for every argument of every subcommand, and
+    (command, '(none)') for a command without arguments."""
+    out = set()
+
+    def walk(parser: argparse.ArgumentParser, path: tuple[str, ...]):
+        own = [a for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        for a in own:
+            longs = [o for o in a.option_strings if o.startswith("--")]
+            out.add((" ".join(path), longs[0] if longs else (a.option_strings or [a.dest])[0]))
+        if not own:
+            out.add((" ".join(path), "(none)"))
+        for action in subs:
+            for name, sub in action.choices.items():
+                walk(sub, (*path, name))
+
+    walk(cli.build_parser(), ())
+    return out
+
+
+def test_every_argument_has_a_row():
+    covered = {(r.command, r.param) for r in ROWS}
+    missing = sorted(_arguments() - covered)
+    assert not missing, f"arguments without a bad-input row in tests/test_bad_input.py: {missing}"
+
+
+def test_rows_use_the_argument_they_cover():
+    parser_args = _arguments()
+    for r in ROWS:
+        if r.param.startswith("$"):
+            assert r.param[1:] in r.env or r.param == "$LAB_RUNS_DIR", r
+            continue
+        assert (r.command, r.param) in parser_args, f"{r.id}: {r.command!r} has no argument {r.param!r}"
+        if r.param.startswith("--"):
+            short = {"--parameter": "-p"}.get(r.param, r.param)
+            assert any(a in (r.param, short) or a.startswith(r.param + "=") for a in r.argv), r.id
