@@ -1,9 +1,14 @@
 import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from lab import _io, runs
+from lab import _io, _validate, runs
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path):
@@ -47,3 +52,137 @@ def test_run_dirs_never_collide_across_processes(tmp_path):
 def test_versions_record_the_stack():
     v = runs.versions()
     assert {"python", "torch", "timm"} <= set(v)
+
+
+# --- run locks: stale, empty and garbage locks ------------------------------------------------------
+def _folder(tmp_path, lock_text=None):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    if lock_text is not None:
+        (folder / ".lock").write_text(lock_text)
+    return folder
+
+
+def test_lock_holds_the_pid_and_blocks_a_live_holder(tmp_path):
+    folder = _folder(tmp_path)
+    lock = runs.lock(folder)
+    assert lock.read_text().strip() == str(os.getpid()) and runs.active() == folder
+    assert [p.name for p in folder.iterdir()] == [".lock"]  # no temp file left
+    lock.write_text(f"{os.getppid()}\n")  # a live process that started before the lock
+    with pytest.raises(runs.RunLocked, match=rf"in use by process {os.getppid()}.*rm {folder}/.lock"):
+        runs.lock(folder)
+
+
+@pytest.mark.parametrize("text", ["", "\n", "garbage", "-5", "0"])
+def test_empty_or_garbage_lock_is_reported_with_how_to_clear_it(tmp_path, text):
+    folder = _folder(tmp_path, text)
+    with pytest.raises(runs.RunLocked, match=rf"unreadable lock .*rm {folder}/.lock"):
+        runs.check_unlocked(folder)
+    with pytest.raises(runs.RunLocked, match="unreadable lock"):
+        runs.lock(folder)
+    (folder / ".lock").unlink()  # what the message says to do
+    assert runs.lock(folder).read_text().strip() == str(os.getpid())
+
+
+def test_stale_locks_are_replaced(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder = _folder(tmp_path, f"{dead.pid}\n")  # process gone
+    assert runs.lock_holder(folder / ".lock") == ("stale", dead.pid)
+    assert runs.lock(folder).read_text().strip() == str(os.getpid())
+
+
+def test_a_reused_pid_younger_than_the_lock_is_stale(tmp_path):
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("process start times come from /proc")
+    young = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        folder = _folder(tmp_path, f"{young.pid}\n")
+        old = time.time() - 3600
+        os.utime(folder / ".lock", (old, old))  # the lock predates the process now holding that PID
+        assert runs.lock_holder(folder / ".lock") == ("stale", young.pid)
+        os.utime(folder / ".lock")  # written after the process started: it is the holder
+        assert runs.lock_holder(folder / ".lock") == ("alive", young.pid)
+    finally:
+        young.kill()
+        young.wait()
+
+
+def test_check_root_creates_nothing(tmp_path):
+    root = tmp_path / "not" / "yet"
+    assert runs.check_root("tosca", root) == root / "tosca"
+    assert not (tmp_path / "not").exists() and list(tmp_path.iterdir()) == []
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match="is a file, so the folder cannot be created"):
+        runs.check_root("tosca", tmp_path / "f")
+
+
+# --- the checks themselves ----------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 0.0, -1e-9, True, None, "1e-3"])
+def test_learning_rate_accepts_only_finite_positive_numbers(value):
+    with pytest.raises(_validate.BadInput, match=r"^--lr .*: must be a finite number > 0$"):
+        _validate.learning_rate("--lr", value)
+
+
+def test_learning_rate_is_one_check_for_trainconfig_and_tune_grids():
+    from lab.aware.finetune import TrainConfig
+    from lab.aware.tune import check_grids
+
+    for bad in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ValueError, match="must be a finite number > 0"):
+            TrainConfig(lr_aware=bad)
+        with pytest.raises(ValueError, match="must be a finite number > 0"):
+            check_grids({"full": (bad,)})
+    assert TrainConfig(lr=3e-5).lr == 3e-5
+
+
+def test_number_bounds_and_integers():
+    assert _validate.count("--n", 3) == 3
+    for bad in (0, 2.0, True):
+        with pytest.raises(_validate.BadInput, match="must be an integer >= 1"):
+            _validate.count("--n", bad)
+    with pytest.raises(_validate.BadInput, match=r"--seed 4294967296: must be an integer >= 0 and <= 4294967295"):
+        _validate.seed("--seed", 2 ** 32)
+
+
+def test_path_checks_probe_without_leaving_anything(tmp_path):
+    target = tmp_path / "a" / "b"
+    assert _validate.out_dir("--out", target) == target
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(_validate.BadInput, match="is a file, not a folder"):
+        _validate.out_dir("--out", tmp_path / "f")
+    with pytest.raises(_validate.BadInput, match="is a folder; give a file path"):
+        _validate.out_file("--out", tmp_path)
+    with pytest.raises(_validate.BadInput, match="does not exist"):
+        _validate.in_file("--weights", tmp_path / "nope")
+    with pytest.raises(_validate.BadInput, match=r"--targets \[bad\(: not a valid regular expression"):
+        _validate.regex("--targets", "[bad(")
+    if os.geteuid() == 0 and Path("/sys").is_dir():
+        with pytest.raises(_validate.BadInput, match="cannot write into /sys"):
+            _validate.out_dir("--out", "/sys/lab")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_damaged_decoded_dataset_cache_is_rebuilt_with_a_warning(tmp_path, monkeypatch):
+    import numpy as np
+
+    from lab.data import datasets
+
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def build():
+        calls.append(1)
+        return {"images": np.arange(64, dtype=np.uint8).reshape(4, 4, 4), "labels": np.arange(4)}
+
+    first = datasets._cached_arrays("toy", build)
+    path = next(tmp_path.rglob("toy.npz"))
+    again = datasets._cached_arrays("toy", build)
+    assert len(calls) == 1 and np.array_equal(first["images"], again["images"])  # verified cache hit
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte
+    path.write_bytes(bytes(raw))
+    with pytest.warns(UserWarning, match=r"toy.npz rejected, rebuilding: its sha256 does not match"):
+        rebuilt = datasets._cached_arrays("toy", build)
+    assert len(calls) == 2 and np.array_equal(rebuilt["images"], first["images"])
