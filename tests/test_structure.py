@@ -90,6 +90,80 @@ def test_no_import_cycles_among_lab_modules():
     assert not found, "import cycles among lab's modules: " + "; ".join(" <-> ".join(c) for c in found)
 
 
+def _module_names(stmts, modules: set[str]) -> set[str]:
+    """Names bound to modules by the import statements directly in ``stmts`` (not nested scopes)."""
+    out = set()
+    todo = list(stmts)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.asname or a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in modules}
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _other_bindings(fn) -> set[str]:
+    """Parameters and plain assignments of a function: they shadow a module-level import."""
+    a = fn.args
+    names = {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+_INTROSPECTION = {"getattr", "hasattr", "setattr", "isinstance", "vars", "dir", "id", "type", "repr", "callable"}
+
+
+def modules_passed_as_arguments(root: Path = LAB) -> list[str]:
+    """Calls that pass a module (a name bound by ``import m [as n]``, or by ``from lab.x import mod``
+    naming a lab module, in the call's scope) as an argument: a function imports what it needs."""
+    modules = {module_name(p) for p in root.rglob("*.py")}
+    hits = []
+
+    def visit(node, bound, path):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner = (bound - _other_bindings(child)) | _module_names(child.body, modules)
+                visit(child, inner, path)
+                continue
+            introspection = isinstance(getattr(child, "func", None), ast.Name) and child.func.id in _INTROSPECTION
+            if isinstance(child, ast.Call) and not introspection:
+                for arg in (*child.args, *(k.value for k in child.keywords)):
+                    if isinstance(arg, ast.Name) and arg.id in bound:
+                        hits.append(f"{path.relative_to(ROOT)}:{child.lineno}: passes module {arg.id!r}")
+            visit(child, bound, path)
+
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        visit(tree, _module_names(tree.body, modules), path)
+    return hits
+
+
+def test_the_module_argument_check_sees_a_module_passed_in_a_function(tmp_path):
+    pkg = tmp_path / "lab"
+    pkg.mkdir()
+    (pkg / "m.py").write_text("import pandas as pd\n\n\ndef f(x, pd2):\n    return x\n\n\n"
+                              "def g(pd):\n    return f(1, pd)\n\n\n"        # a parameter named pd: fine
+                              "def h():\n    from lab import m\n    return f(1, m), f(2, pd), getattr(pd, 'x')\n")
+    global ROOT
+    old, ROOT = ROOT, tmp_path
+    try:
+        hits = modules_passed_as_arguments(pkg)
+    finally:
+        ROOT = old
+    assert [h.split(": ", 1)[1] for h in hits] == ["passes module 'm'", "passes module 'pd'"]
+
+
+def test_no_module_is_passed_as_an_argument():
+    hits = modules_passed_as_arguments()
+    assert not hits, "\n".join(hits)
+
+
 # ---- self-contained words ----------------------------------------------------------------------
 FORBIDDEN = re.compile(r"\.\./shared|shared/spec|spec:? ?(aware|tosca)\.md|\bissues? #?\d", re.IGNORECASE)
 

@@ -182,9 +182,6 @@ def _evaluate(method, data: ScenarioData, t: int, routed: bool, per_batch_size: 
 def run(cfg: RunConfig, *, runs_root=None, resume=None, progress: bool = True,
         data: ScenarioData | None = None) -> RunResult:
     """Run (or resume) a whole scenario. ``data`` injects ready features (tests, notebooks)."""
-    import pandas as pd
-    from tqdm.auto import tqdm
-
     from lab import _io, runs
 
     info_m = METHODS.info(cfg.method)
@@ -207,7 +204,7 @@ def run(cfg: RunConfig, *, runs_root=None, resume=None, progress: bool = True,
         _io.write_json(run_dir / "config.json", cfg.to_dict())
     lock = _lock(run_dir)
     try:
-        return _run(cfg, run_dir, data, progress, info_m["routed"], pd, tqdm, prepared)
+        return _run(cfg, run_dir, data, progress, info_m["routed"], prepared)
     except NonFiniteLoss as exc:  # the finished tasks stay resumable; the failure is recorded
         _io.write_json(run_dir / "error.json", {"error": str(exc), "type": type(exc).__name__})
         raise
@@ -215,8 +212,10 @@ def run(cfg: RunConfig, *, runs_root=None, resume=None, progress: bool = True,
         lock.unlink(missing_ok=True)
 
 
-def _run(cfg, run_dir, data, progress, routed, pd, tqdm, prepared=None) -> RunResult:
-    from lab import _io, runs
+def _run(cfg, run_dir, data, progress, routed, prepared=None) -> RunResult:
+    from tqdm.auto import tqdm
+
+    from lab import _io
 
     t_extract = 0.0
     if data is None:
@@ -269,10 +268,14 @@ def _run(cfg, run_dir, data, progress, routed, pd, tqdm, prepared=None) -> RunRe
         hs = f" σ={stage['head_scale']:.2f}" if stage["head_scale"] is not None else ""
         first = next(iter(ev))
         bar.set_postfix_str(f"A_{t}={ev[first]['A_b']:.1f} ({first}){hs}")
-    return _finish(cfg, run_dir, data, method, stages, epochs, t_extract, pd, runs, _io)
+    return _finish(cfg, run_dir, data, method, stages, epochs, t_extract)
 
 
-def _finish(cfg, run_dir, data, method, stages, epochs, t_extract, pd, runs, _io) -> RunResult:
+def _finish(cfg, run_dir, data, method, stages, epochs, t_extract) -> RunResult:
+    import pandas as pd
+
+    from lab import _io, runs
+
     routings = [r for r in (*ROUTINGS, "single") if r in stages[0]["eval"]]  # JSON sorted the keys
     stage_rows, matrix_rows, summary_rows = [], [], []
     for r in routings:
