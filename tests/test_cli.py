@@ -45,3 +45,27 @@ def test_features_builds_then_hits_cache(tmp_path, monkeypatch):
     assert "extracted" in first.stdout and "images/s" in first.stdout
     second = run(*args)
     assert "cache hit" in second.stdout
+
+
+def test_features_weights_flag_goes_to_the_same_loader(tmp_path, monkeypatch):
+    """--weights FILE loads through the backbone's own loader: the packaged file given explicitly
+    is the same weights (same cache key) as the default."""
+    from lab import backbones
+
+    path = backbones._lite0_file()
+    if path is None:
+        pytest.skip("packaged efficientnet_lite0 weights not installed")
+    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
+    args = ["features", "--dataset", "fashion_mnist_mini", "--resolution", "32", "--splits", "test", "--quiet"]
+    first = run(*args)
+    assert first.returncode == 0 and "extracted" in first.stdout, first.stderr
+    second = run(*args, "--weights", str(path))
+    assert second.returncode == 0 and "cache hit" in second.stdout, second.stderr
+
+
+def test_errors_are_one_line_without_usage(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["tosca", "--epochs", "x"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("lab tosca: error: argument --epochs") and "usage" not in err
