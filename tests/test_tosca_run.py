@@ -193,3 +193,14 @@ def test_progress_bars_over_tasks_and_epochs(data, tmp_path, capsys):
     run(RunConfig(epochs=1), data=data, runs_root=tmp_path, progress=True)
     err = capsys.readouterr().err
     assert "tosca tasks" in err and "task 2 epochs" in err
+
+
+def test_summary_warns_when_the_head_scale_ends_non_positive(data, tmp_path):
+    from lab.tosca.cli import format_summary
+
+    res = run(RunConfig(head_scale_param="free", **FAST), data=data, runs_root=tmp_path, progress=False)
+    assert res.config.tosca_config().head_scale_param == "free" and res.info["config"]["head_scale_param"] == "free"
+    assert "warning" not in format_summary(res)  # σ > 0 here
+    res.info["head_scale_per_task"][-1] = -2.0   # where a free σ ended on real features (mnist_5k, L1 1e-2)
+    warn = [line for line in format_summary(res).splitlines() if line.startswith("warning")]
+    assert len(warn) == 1 and "σ ended at -2 <= 0" in warn[0] and "head_scale_param='positive'" in warn[0]
