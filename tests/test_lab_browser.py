@@ -39,7 +39,6 @@ RUN_ALL_S = 240           # one notebook's Run All Cells with smoke parameters
 REDRAW_S = 60             # a control change until the panel's figure changes
 PAGE_TIMEOUT_MS = 30_000
 PANEL_NOTEBOOKS = ("01_ventral_vs_prefrontal", "02_tosca_sparsity_orthogonality", "04_aware_ablations")
-LATENCY: dict[str, float] = {}
 
 # JupyterLab settings for the test: every cell stays in the DOM (no windowing) so the page can be
 # inspected whole; no update or news checks (nothing leaves the machine).
@@ -209,7 +208,9 @@ def _session(server, name: str, timeout: float) -> dict:
 def _run_all(page, server, name: str) -> dict:
     page.goto(f"{server['url']}/lab/tree/{name}.ipynb?token={server['token']}&reset", wait_until="domcontentloaded")
     page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=PAGE_TIMEOUT_MS)
+    t0 = time.perf_counter()
     session = _session(server, name, SERVER_START_S)  # the kernel is up before anything runs
+    t1 = time.perf_counter()
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
     try:
@@ -218,6 +219,7 @@ def _run_all(page, server, name: str) -> dict:
         info = page.evaluate(_OUTSIDE)
         assert not info["errors"], f"{name}: a cell failed: {info['errors']}"
     page.wait_for_function(_ALL_DRAWN, timeout=PAGE_TIMEOUT_MS, polling=200)
+    print(f"\n{name}: kernel ready {t1 - t0:.1f} s, Run All Cells {time.perf_counter() - t1:.1f} s")
     return session
 
 
@@ -238,13 +240,13 @@ def _change_and_wait(page, name: str, action, expect) -> tuple[list[dict], list[
                         f"status {status!r}; titles {[f['title'] for f in after]}")
         page.wait_for_timeout(100)
         after = page.evaluate(_PANEL_FIGURES)
-    LATENCY[name] = time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
     status = page.locator(".lab-panel .lab-panel-status").inner_text()
     assert "computing" not in status and "Error" not in status, status
     now = page.evaluate(_OUTSIDE)
     assert now["n"] == outside["n"] and now["strayInPanelCell"] == 0, \
         f"{name}: output appeared outside the panel: {outside} -> {now}"
-    print(f"\n{name}: the panel's figure changed {LATENCY[name]:.2f} s after the control change")
+    print(f"\n{name}: the panel's figure changed {seconds:.2f} s after the control change")
     return before, after
 
 
@@ -325,11 +327,3 @@ def test_ablation_panel_reselects_masks_inside_the_panel(notebook, lab_page):
     assert "rho=0.3" in before[-1]["title"] and before[0] == after[0]  # the results chart did not move
     assert not console, f"browser console errors: {console}"
 
-
-def test_latencies_are_reported():
-    """Runs last: the seconds from a control change to the new figure, one line per panel."""
-    if not LATENCY:
-        pytest.skip("no panel was measured")
-    for k, v in LATENCY.items():
-        print(f"latency {k}: {v:.2f} s")
-    assert all(0 < v < REDRAW_S for v in LATENCY.values())
