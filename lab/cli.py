@@ -209,7 +209,9 @@ def _interrupted(args, argv: list[str]) -> str:
 
     folder = runs.active() or getattr(args, "run_dir", None) or getattr(args, "resume", None)
     if folder is None:
-        return f"{_prog(args)}: interrupted before any run folder was created; nothing to resume"
+        if hasattr(args, "resume") or args.command == "aware":
+            return f"{_prog(args)}: interrupted before its run folder was created; nothing to resume"
+        return f"{_prog(args)}: interrupted"
     if hasattr(args, "resume"):  # commands that can resume
         keep, skip = [], False
         for a in argv:

@@ -39,6 +39,7 @@ class Row:
     bound: float = 5.0        # seconds
     code: int = 2
     sub: bool = False         # run the real `lab` in a subprocess
+    no_cuda: bool = False     # only bad where CUDA is missing
 
     @property
     def id(self) -> str:
@@ -126,6 +127,7 @@ ROWS: list[Row] = [
     R("tosca", "--per-batch-size", ["--per-batch-size", "0"], "--per-batch-size 0: must be an integer >= 1"),
     R("tosca", "--device", ["--device", "foo"], "--device foo: must be cpu, cuda or cuda:N"),
     R("tosca", "--device", ["--device", "cuda:99"], "--device cuda:99:"),
+    R("tosca", "--device", ["--device", "cuda"], "--device cuda: CUDA is not available on this machine", no_cuda=True),
     R("tosca", "--engine", ["--engine", "nope"], "argument --engine: invalid choice"),
     R("tosca", "--engine", ["--engine", "cuda_graph"], "--engine cuda_graph: needs --device cuda"),
     R("tosca", "--head-scale-param", ["--head-scale-param", "nope"], "argument --head-scale-param: invalid choice"),
@@ -275,6 +277,11 @@ def warm():
 
 @pytest.mark.parametrize("row", [r for r in ROWS if not r.sub], ids=lambda r: r.id)
 def test_bad_input_in_process(row, sandbox, warm, tmp_path, monkeypatch, capsys):
+    if row.no_cuda:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("CUDA is available here")
     runs = tmp_path / "runs"
     monkeypatch.setenv("LAB_RUNS_DIR", str(runs))
     for k, v in row.env.items():
