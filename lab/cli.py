@@ -208,6 +208,8 @@ def _interrupted(args, argv: list[str]) -> str:
     from lab import runs
 
     folder = runs.active() or getattr(args, "run_dir", None) or getattr(args, "resume", None)
+    if folder is not None and not os.path.isdir(folder):
+        folder = None
     if folder is None:
         if hasattr(args, "resume") or args.command == "aware":
             return f"{_prog(args)}: interrupted before its run folder was created; nothing to resume"
@@ -241,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    from lab import runs
+
+    runs.set_active(None)  # a run folder from an earlier call in this process is not this one's
     try:
         if args.command in _PRECHECK:
             _PRECHECK[args.command](args)

@@ -42,6 +42,11 @@ def active() -> Path | None:
     return _ACTIVE
 
 
+def set_active(path: str | os.PathLike | None) -> None:
+    global _ACTIVE
+    _ACTIVE = Path(path) if path is not None else None
+
+
 def check_root(kind: str, root: str | os.PathLike | None = None, param: str = "--runs-dir") -> Path:
     """Fail (one line, :class:`lab._validate.BadInput`) unless a run folder can be created under
     ``runs_root(root)/kind``; creates nothing. ``param`` names the flag (``$LAB_RUNS_DIR`` when the
