@@ -148,6 +148,7 @@ ROWS: list[Row] = [
     *[row for action in AWARE_ACTIONS for row in _aware_common(action)],
     R("aware profile", "--calib", ["--calib", "nope"], "argument --calib: invalid choice"),
     R("aware profile", "--n", ["--n", "0"], "--n 0: must be an integer >= 1"),
+    R("aware profile", "--n", ["--size", "smoke", "--n", "65"], "--n 65: the smoke preset has 64 upstream"),
     R("aware profile", "--targets", ["--targets", "[bad("], "--targets [bad(: not a valid regular expression",
       sub=True, bound=30),
     R("aware profile", "--targets", ["--targets", "nomatch_xyz"], "--targets nomatch_xyz: matches no Linear layer",

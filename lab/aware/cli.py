@@ -139,6 +139,10 @@ def cmd_profile(args) -> int:
     from lab.aware.config import check_targets
 
     check_common(args)              # everything before any model is loaded
+    pool = _size(args).n_align      # upstream calibration draws from the alignment questions
+    if args.calib == "upstream" and args.n > pool:
+        raise V.bad("--n", args.n, f"the {args.size} preset has {pool} upstream (easy-VQA train) questions to "
+                                   f"calibrate on: give 1..{pool}, or --calib proxy")
     V.count("--n", args.n)
     if args.out:
         V.out_file("--out", args.out)
