@@ -223,8 +223,12 @@ def _run_all(page, server, name: str) -> dict:
     return session
 
 
-def _change_and_wait(page, name: str, action, expect) -> tuple[list[dict], list[dict]]:
-    """Do ``action`` on the page; wait until the panel's figures differ and satisfy ``expect``."""
+_STATUS = "() => document.querySelector('.lab-panel .lab-panel-status')?.textContent || ''"
+
+
+def _change_and_wait(page, name: str, action, expect, *, busy: bool = False) -> tuple[list[dict], list[dict]]:
+    """Do ``action`` on the page; wait until the panel's figures differ and satisfy ``expect``.
+    ``busy``: the change takes long enough that the panel must be seen saying "computing…"."""
     before = page.evaluate(_PANEL_FIGURES)
     outside = page.evaluate(_OUTSIDE)
     assert before and outside["strayInPanelCell"] == 0, f"{name}: figures outside the panel: {outside}"
@@ -232,17 +236,19 @@ def _change_and_wait(page, name: str, action, expect) -> tuple[list[dict], list[
     action()
     # Poll what is drawn until it differs from before and satisfies `expect` (a redraw passes
     # through transient states: the figures dim while the kernel computes, plotly re-lays out).
-    after, deadline = before, t0 + REDRAW_S
+    after, deadline, seen_busy = before, t0 + REDRAW_S, False
     while not (after != before and len(after) == len(before) and all(f["drawn"] for f in after) and expect(after)):
         if time.perf_counter() > deadline:
             status = page.locator(".lab-panel .lab-panel-status").inner_text()
             pytest.fail(f"{name}: the panel's figures did not change as expected within {REDRAW_S} s; "
                         f"status {status!r}; titles {[f['title'] for f in after]}")
         page.wait_for_timeout(100)
+        seen_busy = seen_busy or "computing" in page.evaluate(_STATUS)
         after = page.evaluate(_PANEL_FIGURES)
     seconds = time.perf_counter() - t0
     status = page.locator(".lab-panel .lab-panel-status").inner_text()
     assert "computing" not in status and "Error" not in status, status
+    assert seen_busy or not busy, f"{name}: the panel never showed 'computing…' while it re-trained"
     now = page.evaluate(_OUTSIDE)
     assert now["n"] == outside["n"] and now["strayInPanelCell"] == 0, \
         f"{name}: output appeared outside the panel: {outside} -> {now}"
@@ -311,7 +317,7 @@ def test_tosca_panel_retrains_and_redraws_inside_the_panel(notebook, lab_page):
     notebook(PANEL_NOTEBOOKS[1])
     before, after = _change_and_wait(page, "02 TOSCA panel: L1 -> 1e-2 (re-trains every task)",
                                      _type_readout(page, "L1", "1e-2"),
-                                     lambda figs: all("L1=1.0e-02" in f["title"] for f in figs))
+                                     lambda figs: all("L1=1.0e-02" in f["title"] for f in figs), busy=True)
     assert all("L1=5.0e-04" in f["title"] for f in before)
     status = page.locator(".lab-panel .lab-panel-status").inner_text()
     assert "head scale σ" in status and "warning" not in status, status  # σ stays > 0 by default
