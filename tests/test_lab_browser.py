@@ -285,7 +285,8 @@ def lab_page(lab_server, browser):
 @pytest.fixture
 def notebook(lab_server, lab_page):
     """Open a notebook in the page and Run All Cells; afterwards its kernel is shut down."""
-    page, _ = lab_page
+    page, console = lab_page
+    console.clear()  # each test answers for the console errors of its own notebook
     opened = []
 
     def open_(name: str):
