@@ -91,7 +91,7 @@ def test_cli_help_and_early_errors(capsys):
     assert main(["aware", "finetune", "--rho", "1.5"]) == 2
     assert "rho" in capsys.readouterr().err
     assert main(["aware", "profile", "--n", "0"]) == 2
-    assert "empty" in capsys.readouterr().err
+    assert "--n 0: must be an integer >= 1" in capsys.readouterr().err
 
 
 def test_methods_filter_keeps_full_and_aware_and_rejects_unknown_names():

@@ -210,7 +210,7 @@ def test_aware_can_have_its_own_language_model_lr(tok):
     assert lrs(TrainConfig(lr=2e-5, lr_projector=1e-3, lr_aware=3e-4)) == [3e-4, 1e-3]
     full = prepare(tiny_minillava(tok, 8), MethodSpec("full"), TrainConfig(lr=2e-5, lr_aware=3e-4))[1]
     assert sorted(g["lr"] for g in full) == [2e-5, 1e-3]          # full fine-tuning keeps --lr
-    with pytest.raises(ValueError, match="learning rates"):
+    with pytest.raises(ValueError, match="lr_aware 0.0: must be a finite number > 0"):
         TrainConfig(lr_aware=0.0)
 
 
