@@ -24,6 +24,14 @@ class Registry:
 
         return deco
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a toy entry a test added); unknown names raise as :meth:`check` does."""
+        del self._entries[self.check(name)], self._info[name]
+
+    def get(self, name: str) -> Callable[..., Any]:
+        """The registered object itself (a factory, or an entry used as it is)."""
+        return self._entries[self.check(name)]
+
     def names(self) -> list[str]:
         return list(self._entries)
 
