@@ -69,7 +69,7 @@ def reference_passes(n_train: int, epochs: int, test_per_task: list[int]) -> dic
 def param_ratio() -> None:
     import timm
 
-    from lab.tosca.layerwise import adapter_param_count, add_adapters
+    from lab.experiments.tosca.layerwise import adapter_param_count, add_adapters
     from lab.tosca.luca import LuCA, param_count
 
     vit = timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=0)

@@ -39,7 +39,7 @@ PINNED = {"head_scale_param": "free"}
 def _run_config(**kw):
     import dataclasses
 
-    from lab.tosca.run import RunConfig
+    from lab.experiments.tosca.run import RunConfig
 
     names = {f.name for f in dataclasses.fields(RunConfig)}
     return RunConfig(**kw, **{k: v for k, v in PINNED.items() if k in names})
@@ -59,7 +59,7 @@ def _clean(v):
 
 
 def _tosca_table(sd, cfg_kw: dict, runs_root) -> dict:
-    from lab.tosca.run import run
+    from lab.experiments.tosca.run import run
 
     out = {}
     for m in TOSCA_METHODS:
@@ -74,7 +74,7 @@ def _tosca_table(sd, cfg_kw: dict, runs_root) -> dict:
 
 
 def compute_tosca_synthetic(runs_root) -> dict:
-    from lab.tosca._synthetic import synthetic_data
+    from lab.experiments.tosca._synthetic import synthetic_data
 
     sd = synthetic_data(num_tasks=3, dim=16, noise=2.5, seed=1)
     table, _ = _tosca_table(sd, dict(epochs=2), runs_root)
@@ -83,8 +83,8 @@ def compute_tosca_synthetic(runs_root) -> dict:
 
 def compute_tosca_real(runs_root) -> dict:
     from lab import analysis, backbones, data, features
-    from lab.tosca import analysis as tosca_analysis
-    from lab.tosca.methods import ScenarioData
+    from lab.experiments.tosca import analysis as tosca_analysis
+    from lab.experiments.tosca.methods import ScenarioData
 
     scn = data.scenario(list(TOSCA_SMOKE["datasets"]), init=0, inc=2, seed=SEED)
     bb = backbones.load(TOSCA_SMOKE["backbone"], resolution=TOSCA_SMOKE["resolution"])

@@ -56,7 +56,7 @@ def test_stage_panel_recomputes_when_the_stage_changes():
 
 
 def _scenario(num_tasks=3, seed=0):
-    from lab.tosca.methods import ScenarioData
+    from lab.experiments.tosca.methods import ScenarioData
 
     g = torch.Generator().manual_seed(seed)
     C, dim = 2 * num_tasks, 24

@@ -14,7 +14,7 @@ def _routing_choices() -> tuple[str, ...]:
 
 
 ROUTING_CHOICES = _routing_choices()
-BASELINES = ("none", "simplecil", "finetune", "joint")  # lab.tosca.methods on the same cached features
+BASELINES = ("none", "simplecil", "finetune", "joint")  # lab.experiments.tosca.methods on the same cached features
 
 
 class ToscaPanel(Panel):
@@ -24,7 +24,7 @@ class ToscaPanel(Panel):
     features. Trained models are memoised per (l1, epochs, σ), baselines per (name, epochs), so
     switching routing, test batch or a baseline already trained is instant.
 
-    ``data``: a :class:`lab.tosca.methods.ScenarioData`. ``config``: the other TOSCA settings.
+    ``data``: a :class:`lab.experiments.tosca.methods.ScenarioData`. ``config``: the other TOSCA settings.
     The status line warns when the head's scale σ ended <= 0 (possible with ``sigma="free"``).
     """
 
@@ -67,7 +67,7 @@ class ToscaPanel(Panel):
     def _train(self, l1: float, epochs: int, sigma: str):
         from dataclasses import replace
 
-        from lab.tosca import analysis as TA
+        from lab.experiments.tosca import analysis as TA
         from lab.tosca.learner import Tosca
 
         key = (float(l1), int(epochs), sigma)
@@ -87,7 +87,7 @@ class ToscaPanel(Panel):
         """Final accuracy (%) of a baseline after the last task, trained with the same epochs."""
         from dataclasses import replace
 
-        from lab.tosca import methods
+        from lab.experiments.tosca import methods
 
         key = (name, int(epochs))
         if key not in self._baselines:

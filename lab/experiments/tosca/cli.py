@@ -128,7 +128,7 @@ def cmd_tosca(args) -> int:
 
 
 def format_summary(res) -> str:
-    from .head import scale_warning
+    from lab.tosca.head import scale_warning
 
     s = res.summary.copy()
     cols = {"method": "method", "routing": "routing", "avg_inc_acc": "Ā", "last_acc": "A_B", "forgetting": "forget",

@@ -1,6 +1,6 @@
 """Run a whole class-incremental scenario with one method and record everything.
 
-    >>> from lab.tosca.run import RunConfig, run
+    >>> from lab.experiments.tosca.run import RunConfig, run
     >>> res = run(RunConfig(datasets=("fashion_mnist_mini",), init=0, inc=2, method="tosca"))
     >>> res.summary          # one row per routing: Ā, A_B, forgetting, BWT, routing accuracy
 
@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import metrics as M
-from .learner import NonFiniteLoss, ToscaConfig, cpu_threads
-from .luca import check_flow
+from lab.tosca import metrics as M
+from lab.tosca.learner import NonFiniteLoss, ToscaConfig, cpu_threads
+from lab.tosca.luca import check_flow
 from .methods import METHODS, MODES, ScenarioData, create
-from .routing import PER_BATCH_ORDER, ROUTINGS, check_routing, route
+from lab.tosca.routing import PER_BATCH_ORDER, ROUTINGS, check_routing, route
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -104,7 +104,7 @@ class RunResult:
     tasks: "pd.DataFrame"  # per task: classes, sizes, trainable params, times
     epochs: "pd.DataFrame"  # per (task, epoch) training log
     info: dict = field(default_factory=dict)  # summary.json
-    method: object = None  # the trained method (for lab.tosca.analysis)
+    method: object = None  # the trained method (for lab.experiments.tosca.analysis)
     data: ScenarioData | None = None
 
     def headline(self) -> dict:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lab.tosca._synthetic import synthetic_data
-from lab.tosca.methods import ToscaMethod, list_methods
-from lab.tosca.run import RunConfig, run
+from lab.experiments.tosca._synthetic import synthetic_data
+from lab.experiments.tosca.methods import ToscaMethod, list_methods
+from lab.experiments.tosca.run import RunConfig, run
 
 FAST = dict(epochs=2)
 
@@ -103,8 +103,8 @@ def test_corrupt_module_file_is_retrained_on_resume(data, tmp_path):
 _WORKER = """
 import sys, torch
 torch.set_num_threads(1)
-from lab.tosca._synthetic import synthetic_data
-from lab.tosca.run import RunConfig, run
+from lab.experiments.tosca._synthetic import synthetic_data
+from lab.experiments.tosca.run import RunConfig, run
 res = run(RunConfig(epochs=1), data=synthetic_data(num_tasks=2, dim=8, seed=3), runs_root=sys.argv[1], progress=False)
 print(res.run_dir)
 """
@@ -196,7 +196,7 @@ def test_progress_bars_over_tasks_and_epochs(data, tmp_path, capsys):
 
 
 def test_summary_warns_when_the_head_scale_ends_non_positive(data, tmp_path):
-    from lab.tosca.cli import format_summary
+    from lab.experiments.tosca.cli import format_summary
 
     res = run(RunConfig(head_scale_param="free", **FAST), data=data, runs_root=tmp_path, progress=False)
     assert res.config.tosca_config().head_scale_param == "free" and res.info["config"]["head_scale_param"] == "free"

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .augment import random_resized_crop_flip
-from .head import CosineHead, class_means
-from .learner import NonFiniteLoss, ToscaConfig, cosine_lr, sgd_step
+from lab.tosca.head import CosineHead, class_means
+from lab.tosca.learner import NonFiniteLoss, ToscaConfig, cosine_lr, sgd_step
 
 BOTTLENECK, SCALE = 64, 0.1
 

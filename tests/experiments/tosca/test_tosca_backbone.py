@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from lab.tosca.augment import random_resized_crop_flip
-from lab.tosca.layerwise import adapter_param_count, add_adapters
-from lab.tosca.methods import ScenarioData
-from lab.tosca.run import RunConfig, run
+from lab.experiments.tosca.augment import random_resized_crop_flip
+from lab.experiments.tosca.layerwise import adapter_param_count, add_adapters
+from lab.experiments.tosca.methods import ScenarioData
+from lab.experiments.tosca.run import RunConfig, run
 
 
 @pytest.fixture(scope="module")

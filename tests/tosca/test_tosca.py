@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from lab.tosca import metrics as M
-from lab.tosca._synthetic import synthetic_data
+from lab.experiments.tosca._synthetic import synthetic_data
 from lab.tosca.head import CosineHead, class_means
 from lab.tosca.learner import NonFiniteLoss, Tosca, ToscaConfig, add_l1_grad, cosine_lr, sgd_step
 from lab.tosca.luca import FLOWS, LuCA, bottleneck, param_count

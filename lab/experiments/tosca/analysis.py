@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .learner import Tosca, ToscaConfig
-from .routing import entropy
+from lab.tosca.learner import Tosca, ToscaConfig
+from lab.tosca.routing import entropy
 
 
 def _frame(rows):
@@ -120,7 +120,7 @@ def l1_sweep(data, l1_values, config: ToscaConfig = ToscaConfig(), *, threshold:
     """
     from dataclasses import replace
 
-    from .routing import route
+    from lab.tosca.routing import route
 
     out = []
     for l1 in l1_values:

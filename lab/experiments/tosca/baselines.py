@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .head import CosineHead, class_means
-from .learner import NonFiniteLoss, ToscaConfig, cosine_lr, cpu_threads, sgd_step
+from lab.tosca.head import CosineHead, class_means
+from lab.tosca.learner import NonFiniteLoss, ToscaConfig, cosine_lr, cpu_threads, sgd_step
 
 
 def train_head(head: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: ToscaConfig,

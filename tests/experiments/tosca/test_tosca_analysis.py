@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from lab.tosca import analysis as A
-from lab.tosca._synthetic import synthetic_data
+from lab.experiments.tosca import analysis as A
+from lab.experiments.tosca._synthetic import synthetic_data
 from lab.tosca.learner import Tosca, ToscaConfig
 
 

@@ -23,7 +23,7 @@ from lab._registry import Registry
 from .augment import AugmentedFeatures
 from .baselines import FineTune, Joint, SimpleCIL
 from .layerwise import LayerwiseAdapter
-from .learner import Tosca, ToscaConfig
+from lab.tosca.learner import Tosca, ToscaConfig
 
 METHODS = Registry("method")
 MODES = ("cached", "augment")
