@@ -91,6 +91,19 @@ def _start_time(pid: int) -> float | None:
         return None
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID exists (``pid`` > 0; 0 would signal our own group)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, belongs to someone else
+        return True
+    return True
+
+
 def lock_holder(lock: Path) -> tuple[str, int | None]:
     """(state, pid) of an existing lock file: ``'alive'``, ``'stale'`` (process gone, PID reused
     by a younger process, or this very process) or ``'unreadable'`` (empty or not a PID)."""
@@ -105,14 +118,8 @@ def lock_holder(lock: Path) -> tuple[str, int | None]:
     if not first.isdigit() or int(first) <= 0:
         return "unreadable", None
     pid = int(first)
-    if pid == os.getpid():
+    if pid == os.getpid() or not pid_alive(pid):
         return "stale", pid
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return "stale", pid
-    except PermissionError:  # exists, belongs to someone else
-        pass
     started = _start_time(pid)
     if started is not None and started > mtime + 2:  # the PID was reused after the lock was written
         return "stale", pid

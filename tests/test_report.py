@@ -340,3 +340,63 @@ def test_help_documents_the_options(capsys):
     out = capsys.readouterr().out
     for opt in ("--only", "--out", "--params", "--no-png", "smoke"):
         assert opt in out
+
+
+def test_a_panel_shows_its_default_figures_offline():
+    """A panel's own output area (plotly JSON, as lab.widgets writes it) is drawn in the report."""
+    fig = {"data": [{"type": "bar", "x": ["a", "b"], "y": [1, 2]}], "layout": {"title": {"text": "L1=5.0e-04"}}}
+    view = {"model_id": "box", "version_major": 2, "version_minor": 0}
+    state = {"box": {"model_name": "VBoxModel", "state": {"children": ["IPY_MODEL_t", "IPY_MODEL_o"]}},
+             "t": {"model_name": "HTMLModel", "state": {"value": "accuracy 81.2 %"}},
+             "o": {"model_name": "OutputModel", "state": {"outputs": [
+                 {"output_type": "display_data", "data": {_widgets.PLOTLY_MIME: fig, "text/plain": "fig"},
+                  "metadata": {}}]}}}
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": state}}
+    cell = nbformat.v4.new_code_cell("")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={_widgets.WIDGET_MIME: view})]
+    nb.cells = [cell]
+    page, _ = pipeline.export_html(nb)
+    assert "Interactive panel" in page and "accuracy 81.2 %" in page
+    assert "L1=5.0e-04" in page and page.count("plotly-graph-div") >= 1
+
+
+def test_clean_stale_removes_only_what_dead_runs_left(tmp_path):
+    dead = 2 ** 22 + 12345  # above the default pid_max: no such process
+    left = [tmp_path / f".a_good.running-{dead}-x1.ipynb", tmp_path / f".a_good{pipeline.FIGURES_SUFFIX}.{dead}-y2"]
+    live = [tmp_path / f".a_good.running-{os.getpid()}-x3.ipynb", tmp_path / f".b_bad{pipeline.FIGURES_SUFFIX}.{os.getpid()}-z"]
+    for p in (left[0], live[0]):
+        p.write_text("{}")
+    for p in (left[1], live[1]):
+        p.mkdir()
+        (p / "f.png").write_bytes(b"x")
+    (tmp_path / ".keep-me").write_text("not ours")
+    assert sorted(pipeline.clean_stale(tmp_path)) == sorted(left)
+    assert all(p.exists() for p in live) and (tmp_path / ".keep-me").exists()
+
+
+def test_killed_report_leaves_no_staging(tmp_path):
+    """SIGTERM while a notebook runs: the process unwinds and removes its hidden staging."""
+    import signal
+    import time
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("import time\ntime.sleep(60)")]
+    (tmp_path / "nb").mkdir()
+    nbformat.write(nb, tmp_path / "nb" / "slow.ipynb")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "lab", "report", "--notebooks", str(tmp_path / "nb"),
+                             "--out", str(out), "--no-png"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(out.glob(".slow.running-*")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert list(out.glob(".slow.running-*")), "the run never started"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []

@@ -1,5 +1,6 @@
 """Widget outputs in offline HTML: widgets need a live kernel (or a CDN manager), so each one is
-replaced by static HTML — a progress bar by its final text, any other panel by a short note."""
+replaced by static HTML — a progress bar by its final text; a panel by its status line and the
+figures its output area held when the notebook finished (its defaults), under a short note."""
 from __future__ import annotations
 
 import html
@@ -27,6 +28,46 @@ def _progress_text(model: dict, states: dict) -> str | None:
     return " ".join(p for p in parts if p) if bar is not None else None
 
 
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+
+
+def _descendants(model_id: str, states: dict, seen: set | None = None):
+    """Every widget model reachable from ``model_id`` through ``children`` (depth first)."""
+    seen = set() if seen is None else seen
+    if model_id in seen or model_id not in states:
+        return
+    seen.add(model_id)
+    model = states[model_id]
+    yield model
+    for ref in model.get("state", {}).get("children", []) or []:
+        yield from _descendants(str(ref).removeprefix("IPY_MODEL_"), states, seen)
+
+
+def _figure_html(fig: dict) -> str:
+    import plotly.io as pio
+
+    # plotly.js is inlined once per page by lab.report.setup_notebook(); figures only reference it.
+    return pio.to_html(fig, include_plotlyjs=False, full_html=False)
+
+
+def _panel_html(model_id: str, states: dict) -> str | None:
+    """The status line and the figures of a panel (a box holding an Output widget), or None."""
+    texts, figures = [], []
+    for m in _descendants(model_id, states):
+        name, st = m.get("model_name", ""), m.get("state", {})
+        if name == "HTMLModel" and st.get("value"):
+            texts.append(st["value"])
+        elif name == "OutputModel":
+            for out in st.get("outputs", []) or []:
+                data = out.get("data", {})
+                if PLOTLY_MIME in data:
+                    figures.append(_figure_html(data[PLOTLY_MIME]))
+    if not figures:
+        return None
+    status = "".join(f"<div>{t}</div>" for t in texts)
+    return NOTE.replace("</div>", " Shown: its figures at the notebook's parameters.</div>", 1) + status + "".join(figures)
+
+
 def static_html(view: dict, nb_metadata: dict) -> str:
     """Static replacement for one widget-view output (``view`` is its JSON payload)."""
     states = nb_metadata.get("widgets", {}).get(STATE_MIME, {}).get("state", {})
@@ -34,4 +75,4 @@ def static_html(view: dict, nb_metadata: dict) -> str:
     text = _progress_text(model, states) if model.get("model_name") == "HBoxModel" else None
     if text is not None:
         return f"<pre class='lab-progress'>{html.escape(text)}</pre>"
-    return NOTE
+    return _panel_html(view.get("model_id"), states) or NOTE

@@ -44,6 +44,12 @@ def _cmd(args: argparse.Namespace) -> int:
     from lab.report.pipeline import render
 
     check_args(args)
+    import signal
+
+    def _terminated(signum, _frame):  # `kill`: unwind like Ctrl-C, so render's cleanup runs
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         overrides = dict(parse_override(p) for p in args.parameter)
         results = render(args.notebooks, args.out, profile=args.params, only=args.only,

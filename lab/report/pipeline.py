@@ -296,8 +296,9 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
     except Exception as exc:  # noqa: BLE001 - bad JSON or parameters: a failed card, not a crash
         result.ok, result.error = False, f"{type(exc).__name__}: {exc}"
     progress = Progress(name, log) if log else None
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}{FIGURES_SUFFIX}.", dir=out_dir))
-    fd, running = tempfile.mkstemp(prefix=f".{name}.running-", suffix=".ipynb", dir=out_dir)
+    # Our PID is in both names: a later run removes what a killed one left (clean_stale).
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}{FIGURES_SUFFIX}.{os.getpid()}-", dir=out_dir))
+    fd, running = tempfile.mkstemp(prefix=f".{name}.running-{os.getpid()}-", suffix=".ipynb", dir=out_dir)
     os.close(fd)
     running = Path(running)
     try:
@@ -353,6 +354,23 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
         shutil.rmtree(staging, ignore_errors=True)
 
 
+_STAGING_RE = re.compile(r"^\.[^/]+?(?:\.running-|" + re.escape(FIGURES_SUFFIX) + r"\.)(\d+)-")
+
+
+def clean_stale(out_dir: Path) -> list[Path]:
+    """Remove the hidden staging files and folders that a killed ``lab report`` left in ``out_dir``
+    (those whose PID is no longer alive; a live run's staging is left alone). Returns what went."""
+    from lab.runs import pid_alive
+
+    gone = []
+    for path in Path(out_dir).glob(".*"):
+        m = _STAGING_RE.match(path.name)
+        if m and not pid_alive(int(m.group(1))):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            gone.append(path)
+    return gone
+
+
 def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None = None, *,
            profile: str = "report", only: list[str] | None = None, overrides: dict | None = None,
            png: bool = True, kernel: str | None = None, timeout: float | None = None,
@@ -381,6 +399,9 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
         log(notes[0])
         png = False
     kernel = kernel or kernel_name()
+    if out_dir.is_dir():
+        for path in clean_stale(out_dir):
+            log(f"removed {path.name}: staging left by a killed run")
     results = []
     for i, src in enumerate(sources, 1):
         log(f"[{i}/{len(sources)}] {src.name} ({profile} parameters, kernel {kernel}) ...")
