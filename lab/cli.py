@@ -45,8 +45,8 @@ def check_cache_dir(cache_dir) -> None:
     _validate.out_dir(param, target, shown=value or target)
 
 
-def check_backbone_args(backbone: str, resolution, weights) -> None:
-    """Backbone name, resolution and weights file (``--weights``, or $LAB_VIT_B16_WEIGHTS)."""
+def check_backbone_args(backbone: str, resolution, weights, preprocess=None) -> None:
+    """Backbone name, resolution, preprocessing and weights file (``--weights``, or $LAB_VIT_B16_WEIGHTS)."""
     from lab import _validate, backbones
 
     backbones.backbone_info(backbone)
@@ -54,6 +54,10 @@ def check_backbone_args(backbone: str, resolution, weights) -> None:
         backbones.check_resolution(backbone, resolution)
     except ValueError as exc:
         raise _validate.bad("--resolution", resolution, str(exc).split(": ", 1)[-1]) from None
+    try:
+        backbones.check_preprocess(backbone, preprocess)
+    except ValueError as exc:
+        raise _validate.bad("--preprocess", preprocess, str(exc).split(": ", 1)[-1]) from None
     if weights is not None:
         _validate.in_file("--weights", weights)
         if backbones.backbone_info(backbone)["untrained"]:
@@ -108,11 +112,13 @@ def cmd_features(args) -> int:
     from lab import _validate, backbones, features
     from lab.data import dataset_info
 
-    check_backbone_args(args.backbone, args.resolution, args.weights)   # everything before any work
+    check_backbone_args(args.backbone, args.resolution, args.weights, args.preprocess)   # everything before any work
     dataset_info(args.dataset)
     _validate.count("--batch-size", args.batch_size)
+    _validate.device("--device", args.device)
     check_cache_dir(args.cache_dir)
-    bb = backbones.load(args.backbone, resolution=args.resolution, weights=args.weights)
+    bb = backbones.load(args.backbone, resolution=args.resolution, weights=args.weights, device=args.device,
+                        preprocess=args.preprocess)
     layers = [None] + (bb.stage_names if args.all_stages else [])
     for split in args.splits:
         sets = features.extract_layers(bb, args.dataset, split, layers, batch_size=args.batch_size,
@@ -120,7 +126,7 @@ def cmd_features(args) -> int:
         fs = sets[None]
         how = "cache hit" if fs.cache_hit else "extracted"
         print(f"{args.dataset}/{split}: {len(fs.labels)} images -> {tuple(fs.features.shape)} "
-              f"[{bb.name}@{bb.resolution}px] {how} in {fs.seconds:.2f} s ({fs.images_per_second:,.0f} images/s)"
+              f"[{bb.name}@{bb.resolution}px, {bb.transform}, {bb.device.type} {bb.precision()}] {how} in {fs.seconds:.2f} s ({fs.images_per_second:,.0f} images/s)"
               f"\n  {fs.meta['path']}")
     return 0
 
@@ -175,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--cache-dir", default=None, help="cache root (default $LAB_CACHE_DIR or ~/.cache/continual-lab)")
     f.add_argument("--weights", default=None, metavar="FILE",
                    help="backbone weights file (as $LAB_VIT_B16_WEIGHTS; default: the backbone's own source)")
+    f.add_argument("--preprocess", default=None, choices=("reference", "timm"),
+                   help="ViT preprocessing: reference (Resize 256 bicubic + CenterCrop 224, no Normalize: the TOSCA "
+                        "reference's; default) or timm (resize to 224, mean/std 0.5)")
+    f.add_argument("--device", default="cpu", help="device of the feature pass: cpu, cuda or cuda:N (default cpu; "
+                                                   "CUDA runs in bf16 autocast)")
     f.add_argument("--quiet", action="store_true", help="no progress bar")
     f.set_defaults(func=cmd_features)
 

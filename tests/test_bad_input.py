@@ -94,6 +94,12 @@ ROWS: list[Row] = [
     R("features", "$LAB_VIT_B16_WEIGHTS", ["--backbone", "vit_base_patch16_224.augreg_in21k"],
       "$LAB_VIT_B16_WEIGHTS {dir}: is a folder", env={"LAB_VIT_B16_WEIGHTS": "{dir}"}),
     R("features", "--quiet", ["--quiet=1"], "ignored explicit argument '1'"),
+    R("features", "--preprocess", ["--preprocess", "nope"], "argument --preprocess: invalid choice: 'nope'"),
+    R("features", "--preprocess", ["--preprocess", "reference"],
+      "--preprocess reference: it has one preprocessing, its own"),   # efficientnet_lite0
+    R("features", "--device", ["--device", "foo"], "--device foo: must be cpu, cuda or cuda:N"),
+    R("features", "--device", ["--device", "cuda"], "--device cuda: CUDA is not available on this machine",
+      no_cuda=True),
     # lab tosca
     R("tosca", "--dataset", ["--dataset", "nope"], "unknown dataset 'nope'; valid datasets:"),
     R("tosca", "--dataset", ["--dataset", "cub200"], "cub200: no train/ and test/ folders", env={"LAB_DATA_DIR": "{dir}"}),
@@ -106,6 +112,8 @@ ROWS: list[Row] = [
     R("tosca", "--weights", ["--weights", "{pickle}"], "{pickle} is not a loadable weights file"),
     R("tosca", "$LAB_VIT_B16_WEIGHTS", ["--backbone", "vit_base_patch16_224.augreg_in21k"],
       "$LAB_VIT_B16_WEIGHTS {dir}: is a folder", env={"LAB_VIT_B16_WEIGHTS": "{dir}"}),
+    R("tosca", "--preprocess", ["--preprocess", "nope"], "argument --preprocess: invalid choice: 'nope'"),
+    R("tosca", "--preprocess", ["--preprocess", "timm"], "--preprocess timm: it has one preprocessing, its own"),
     R("tosca", "--init", ["--init", "-1"], "--init -1: must be an integer >= 0"),
     R("tosca", "--init", ["--init", "11"], "init=11 exceeds the 10 classes"),
     R("tosca", "--inc", ["--inc", "0"], "--inc 0: must be an integer >= 1"),

@@ -230,35 +230,95 @@ def _tv_error(name: str, root: Path, exc: Exception, how: str) -> DatasetUnavail
     return DatasetUnavailable(f"{name}: could not load from {root} ({type(exc).__name__}: {exc}). {how}")
 
 
-@_REGISTRY.register("cifar100", classes=100, train=50000, test=10000, licence="unspecified (Krizhevsky 2009; research use)",
-                    image="32x32 RGB", available=_tv_available("cifar-100-python"))
-def _cifar100(root: Path) -> ImageDataset:
-    try:
-        from torchvision.datasets import CIFAR100
+_CIFAR_DIR = "cifar-100-python"
+_CIFAR_FILES = ("train", "test", "meta")
+# What torchvision's CIFAR pickles need to be rebuilt: numpy arrays and bytes. Nothing else is
+# looked up, so a pickle that names any other callable is refused instead of run.
+_PICKLE_ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+                   ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode")}
 
-        tr = CIFAR100(str(root), train=True, download=True)
-        te = CIFAR100(str(root), train=False, download=True)
-    except Exception as exc:
-        raise _tv_error("cifar100", root, exc, "With internet torchvision downloads it to "
-                        f"{root}/cifar-100-python; offline, copy that folder there (set $LAB_DATA_DIR).") from exc
-    return ImageDataset("cifar100", list(tr.classes), Split(np.asarray(tr.data), np.asarray(tr.targets)),
-                        Split(np.asarray(te.data), np.asarray(te.targets)), f"torchvision CIFAR100 at {root}")
+
+def _safe_unpickle(path: Path) -> dict:
+    """A CIFAR python pickle (torchvision's format: latin1, numpy arrays), without running code."""
+    import importlib
+    import pickle
+
+    class _Restricted(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) in _PICKLE_ALLOWED:
+                return getattr(importlib.import_module(module), name)
+            raise pickle.UnpicklingError(f"{path} names {module}.{name}, which a CIFAR file never does")
+
+    with open(path, "rb") as fh:
+        obj = _Restricted(fh, encoding="latin1").load()
+    if not isinstance(obj, dict):
+        raise pickle.UnpicklingError(f"{path} does not hold a dict")
+    return obj
+
+
+def _cifar_available(root: Path):
+    d = root / _CIFAR_DIR
+    missing = [f for f in _CIFAR_FILES if not (d / f).is_file()]
+    return (not missing, str(d) if not missing else f"{d} (torchvision downloads it there with internet)")
+
+
+def _cifar_split(d: Path, name: str) -> Split:
+    raw = _safe_unpickle(d / name)
+    images = np.asarray(raw["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    return Split(np.ascontiguousarray(images), np.asarray(raw["fine_labels"], dtype=np.int64))
+
+
+@_REGISTRY.register("cifar100", classes=100, train=50000, test=10000, licence="unspecified (Krizhevsky 2009; research use)",
+                    image="32x32 RGB", available=_cifar_available)
+def _cifar100(root: Path) -> ImageDataset:
+    """The python version's pickles (``train``, ``test``, ``meta``) read without running pickled
+    code; torchvision downloads and checks (md5) the archive when the folder is missing."""
+    d = root / _CIFAR_DIR
+    if not _cifar_available(root)[0]:
+        try:
+            from torchvision.datasets import CIFAR100
+
+            CIFAR100(str(root), train=True, download=True)
+        except Exception as exc:
+            raise _tv_error("cifar100", root, exc, "With internet torchvision downloads it to "
+                            f"{d} (cifar-100-python.tar.gz, 161 MB, from https://www.cs.toronto.edu/~kriz/); "
+                            "offline, extract that archive there (set $LAB_DATA_DIR).") from exc
+    try:
+        tr, te = _cifar_split(d, "train"), _cifar_split(d, "test")
+        classes = list(_safe_unpickle(d / "meta")["fine_label_names"])
+    except Exception as exc:  # noqa: BLE001 - truncated, foreign or code-carrying pickles
+        raise DatasetUnavailable(f"cifar100: {d} does not hold torchvision's CIFAR-100 python files "
+                                 f"({type(exc).__name__}: {exc}); delete the folder and download again") from exc
+    return ImageDataset("cifar100", classes, tr, te, f"CIFAR-100 python version at {d}")
+
+
+def _eurosat_test_per_class(labels: np.ndarray) -> int:
+    """540 test images per class (20 % of the 27,000, as the data card says); a smaller folder (a
+    subset, a test stand-in) holds out a fifth of its smallest class instead."""
+    smallest = int(np.bincount(labels).min())
+    return 540 if smallest > 2 * 540 else max(1, smallest // 5)
 
 
 @_REGISTRY.register("eurosat", classes=10, train=21600, test=5400, licence="MIT",
-                    image="64x64 RGB", available=_tv_available("eurosat"))
+                    image="64x64 RGB", available=_tv_available("eurosat/2750"))
 def _eurosat(root: Path) -> ImageDataset:
+    """torchvision's EuroSAT (RGB): an ImageFolder at ``eurosat/2750/<class>/*.jpg``."""
     try:
         from torchvision.datasets import EuroSAT
 
         ds = EuroSAT(str(root), download=True)
     except Exception as exc:
         raise _tv_error("eurosat", root, exc, "With internet torchvision downloads it to "
-                        f"{root}/eurosat; offline, copy that folder there (set $LAB_DATA_DIR).") from exc
-    imgs = np.stack([np.asarray(ds[i][0].convert("RGB")) for i in range(len(ds))])
+                        f"{root}/eurosat/2750; offline, put EuroSAT.zip's 2750/ folder there (set $LAB_DATA_DIR).") from exc
+    from PIL import Image
+
+    imgs = []
+    for path, _ in ds.samples:
+        with Image.open(path) as im:
+            imgs.append(np.asarray(im.convert("RGB")))
+    imgs = np.stack(imgs)
     labels = np.asarray(ds.targets, dtype=np.int64)
-    # 540 test images per class (20% of 27,000); class sizes differ (2,000-3,000)
-    tr, te = stratified_split(labels, test_per_class=540, seed=0)
+    tr, te = stratified_split(labels, test_per_class=_eurosat_test_per_class(labels), seed=0)
     return ImageDataset("eurosat", list(ds.classes), Split(imgs[tr], labels[tr]), Split(imgs[te], labels[te]),
                         f"torchvision EuroSAT at {root}")
 
