@@ -32,8 +32,10 @@ TOSCA_SMOKE = dict(datasets=("mnist_5k",), backbone="efficientnet_lite0", resolu
 TOSCA_METHODS = ("tosca", "simplecil", "finetune", "joint")
 SUMMARY_COLS = ("avg_inc_acc", "last_acc", "forgetting", "bwt", "routing_accuracy_last")
 # Options added after the capture whose default changes the numbers on purpose: pinned to the value
-# that reproduces the capture (the head's σ learned unconstrained, as the reference and the capture).
-PINNED = {"head_scale_param": "free"}
+# that reproduces the capture (the head's σ learned unconstrained, as the reference and the capture;
+# uniform head rows for every task and Xavier LuCA for every task, as this library before the
+# reference's zero rows and task-0 default init became the defaults).
+PINNED = {"head_scale_param": "free", "head_init": "uniform", "luca_init": "xavier"}
 
 
 def _run_config(**kw):

@@ -56,10 +56,19 @@ class CosineHead(nn.Module):
         return self.weight.shape[0]
 
     @torch.no_grad()
-    def grow(self, n_new: int, generator: torch.Generator | None = None) -> None:
-        """Append ``n_new`` rows; old rows and σ are kept (a new Parameter: rebuild the optimiser)."""
+    def grow(self, n_new: int, generator: torch.Generator | None = None, *, init: str = "uniform") -> None:
+        """Append ``n_new`` rows; old rows and σ are kept (a new Parameter: rebuild the optimiser).
+
+        ``init='uniform'``: rows uniform(±1/√d), as ``CosineLinear.reset_parameters``; ``'zeros'``:
+        zero rows, as the reference's ``SimpleVitNet.update_fc`` appends for every task after the
+        first (``F.normalize`` maps a zero row to zero, so its logits start at 0 and its first
+        gradient is the upstream one divided by normalize's eps)."""
+        if init not in ("uniform", "zeros"):
+            raise ValueError(f"unknown head row init {init!r}; valid: uniform, zeros")
         bound = 1.0 / math.sqrt(self.dim)
-        new = torch.empty(n_new, self.dim).uniform_(-bound, bound, generator=generator)  # CPU draw
+        new = torch.zeros(n_new, self.dim)
+        if init == "uniform":
+            new.uniform_(-bound, bound, generator=generator)  # CPU draw
         self.weight = nn.Parameter(torch.cat([self.weight.detach(), new.to(self.weight)]))
 
     @torch.no_grad()

@@ -28,6 +28,8 @@ from .luca import LuCA, check_flow
 
 
 ENGINES = ("eager", "static", "cuda_graph")
+HEAD_INITS = ("reference", "uniform")
+LUCA_INITS = ("reference", "xavier")
 
 
 class NonFiniteLoss(RuntimeError):
@@ -60,9 +62,19 @@ class ToscaConfig:
     # ours: 'eager' (the loop below), 'static' (fixed-shape buffers, padded last batch) or
     # 'cuda_graph' (static, each epoch captured once as a CUDA graph and replayed; needs cuda)
     engine: str = "eager"
+    # how the head grows: 'reference' = the first task's rows uniform(±1/√d), every later task's rows
+    # ZERO (PILOT's SimpleVitNet.update_fc); 'uniform' = uniform rows for every task (this library before)
+    head_init: str = "reference"
+    # LuCA's initialisation: 'reference' = task 0 from nn.Linear's default init (the reference calls
+    # reset_tosca, Xavier, only in after_task), Xavier for later tasks; 'xavier' = Xavier for every task
+    luca_init: str = "reference"
 
     def __post_init__(self):
         check_flow(self.flow)
+        if self.head_init not in HEAD_INITS:
+            raise ValueError(f"unknown head_init {self.head_init!r}; valid: {', '.join(HEAD_INITS)}")
+        if self.luca_init not in LUCA_INITS:
+            raise ValueError(f"unknown luca_init {self.luca_init!r}; valid: {', '.join(LUCA_INITS)}")
         if self.epochs < 1 or self.batch_size < 1 or self.ratio < 1:
             raise ValueError(f"epochs, batch_size and ratio must be >= 1 (got {self.epochs}, {self.batch_size}, {self.ratio})")
         for name in ("lr", "l1", "weight_decay", "eta_min", "momentum"):
@@ -105,6 +117,11 @@ class Tosca(nn.Module):
         self.head = CosineHead(dim, scale=config.head_scale, param=config.head_scale_param)
         self.task_classes: list[list[int]] = []
         self.log: list[dict] = []  # one row per (task, epoch): loss, lr, head scale
+        # what routers may use (lab.tosca.routing.RouteContext): per-class means of the frozen
+        # training features and their pooled within-class scatter, float64 on the CPU
+        self.class_means = torch.empty(0, dim, dtype=torch.float64)  # [C, d]
+        self.scatter = torch.zeros(dim, dim, dtype=torch.float64)  # [d, d]
+        self.scatter_count = 0
         self.to(config.device)
 
     @property
@@ -131,9 +148,12 @@ class Tosca(nn.Module):
         gen = torch.Generator().manual_seed(cfg.seed + t)  # per task: a resumed run draws the same numbers
 
         luca = LuCA(self.dim, ratio=cfg.ratio, flow=cfg.flow)
-        luca.reset_parameters(generator=gen)  # drawn on the CPU: the same numbers on every device
+        default = cfg.luca_init == "reference" and t == 0  # the reference resets (Xavier) only after task 0
+        luca.reset_parameters(generator=gen, init="default" if default else "xavier")  # drawn on the CPU
         luca.to(dev)
-        self.head.grow(len(classes), generator=gen)
+        zeros = cfg.head_init == "reference" and self.head.num_classes > 0  # as SimpleVitNet.update_fc
+        self.head.grow(len(classes), generator=gen, init="zeros" if zeros else "uniform")
+        self._add_feature_stats(x, y, classes)
         if cfg.engine == "eager":
             epochs = self._epochs(luca, x, y, batch_features, gen)
         else:  # the same maths on static buffers, optionally one CUDA graph per epoch (lab/tosca/_graph.py)
@@ -159,6 +179,24 @@ class Tosca(nn.Module):
         self.luca.append(luca)
         self.task_classes.append(classes)
         return luca
+
+    @torch.no_grad()
+    def _add_feature_stats(self, x, y, classes) -> None:
+        """Class means and within-class scatter of the frozen features ``x [n, d]`` (for routers)."""
+        x, y = x.detach().double().cpu(), y.cpu()
+        means = class_means(x, y, classes)  # [K, d]
+        centred = x - means[y - classes[0]]
+        self.class_means = torch.cat([self.class_means, means])
+        self.scatter += centred.T @ centred
+        self.scatter_count += len(y)
+
+    def route_context(self, x: torch.Tensor):
+        """A :class:`~lab.tosca.routing.RouteContext` for test features ``x [N, d]``."""
+        from .routing import RouteContext
+
+        task_of_class = torch.tensor([t for t, cs in enumerate(self.task_classes) for _ in cs])
+        return RouteContext(features=x.detach().cpu().float(), class_means=self.class_means, scatter=self.scatter,
+                            scatter_count=self.scatter_count, task_of_class=task_of_class)
 
     def _epochs(self, luca, x, y, batch_features, gen):
         """The eager loop; yields (epoch, lr, mean CE) after each epoch."""
@@ -189,7 +227,10 @@ class Tosca(nn.Module):
     # -- persistence: one file per task (module + head at the end of that task) --------------------
     def task_tensors(self, t: int) -> dict[str, torch.Tensor]:
         out = {f"luca.{k}": v for k, v in self.luca[t].state_dict().items()}
-        if t == self.num_tasks - 1:
+        first = sum(len(c) for c in self.task_classes[:t])
+        out["stats.class_means"] = self.class_means[first:first + len(self.task_classes[t])]
+        if t == self.num_tasks - 1:  # the scatter so far (a running sum, like the head)
+            out.update({"stats.scatter": self.scatter, "stats.count": torch.tensor([self.scatter_count])})
             out.update({"head.weight": self.head.weight.detach(), "head.sigma": self.head.sigma_value().detach()})
         return out
 
@@ -199,6 +240,11 @@ class Tosca(nn.Module):
         luca.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("luca.")})
         self.luca.append(luca.eval().requires_grad_(False))
         self.task_classes.append([int(c) for c in classes])
+        if "stats.class_means" in tensors:  # runs saved before the router statistics lack them
+            self.class_means = torch.cat([self.class_means, tensors["stats.class_means"].double()])
+        if "stats.scatter" in tensors:
+            self.scatter = tensors["stats.scatter"].double().clone()
+            self.scatter_count = int(tensors["stats.count"][0])
         if "head.weight" in tensors:
             dev = self.config.device
             self.head.weight = nn.Parameter(tensors["head.weight"].to(dev).clone())

@@ -11,15 +11,19 @@ the final [CLS] token after the last norm for a ViT, the pooled feature for a CN
     flow 'calibrator' out = x * s(x)                      # reference ablation
     flow 'tosca_r'    out = x * s(x) + LN(a(x))           # reference ablation
 
-r = d // ratio (ratio 16: d=768 -> r=48). Re-initialised before every task exactly as the reference:
-Xavier-uniform Linear weights, zero biases, LayerNorm weight 1 / bias 0.
+r = d // ratio (ratio 16: d=768 -> r=48). Initialised as the reference (``init``): task 0 from
+nn.Linear's default initialisation ('default'), every later task reset by ``reset_tosca`` ('xavier':
+Xavier-uniform Linear weights, zero biases); LayerNorm weight 1 / bias 0 either way.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 
 FLOWS = ("tosca", "adapter", "calibrator", "tosca_r")
+INITS = ("xavier", "default")
 _HAS_ADAPTER = {"tosca": True, "adapter": True, "calibrator": False, "tosca_r": True}
 _HAS_CALIBRATOR = {"tosca": True, "adapter": False, "calibrator": True, "tosca_r": True}
 
@@ -68,9 +72,18 @@ class LuCA(nn.Module):
         self.reset_parameters()
 
     @torch.no_grad()
-    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+    def reset_parameters(self, generator: torch.Generator | None = None, init: str = "xavier") -> None:
+        """'xavier': the reference's ``reset_tosca``; 'default': ``nn.Linear.reset_parameters``
+        (Kaiming-uniform with a=√5, bias uniform(±1/√fan_in)), drawn from ``generator`` in module order."""
+        if init not in INITS:
+            raise ValueError(f"unknown LuCA init {init!r}; valid: {', '.join(INITS)}")
         for m in self.modules():
-            if isinstance(m, nn.Linear):
+            if isinstance(m, nn.Linear) and init == "default":
+                nn.init.kaiming_uniform_(m.weight, a=math.sqrt(5), generator=generator)
+                if m.bias is not None:
+                    bound = 1 / math.sqrt(m.in_features)
+                    nn.init.uniform_(m.bias, -bound, bound, generator=generator)
+            elif isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight, generator=generator)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)

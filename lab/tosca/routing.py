@@ -1,30 +1,78 @@
-"""Inference for TOSCA: one backbone feature per image, every task module on it, entropy routing.
+"""Inference for TOSCA: one backbone feature per image, every task module on it, a router picks one.
 
-(docs/tosca.md, "Inference: entropy routing".) For module i, ``logits_i = head(LuCA_i(f))`` over every class seen so
-far; the module with the lowest softmax entropy answers. Routings:
+(docs/tosca.md, "Inference: entropy routing".) For module i, ``logits_i = head(LuCA_i(f))`` over
+every class seen so far. A *router* is one registry entry with one contract::
 
-* ``per-sample`` (default, honest): each test image picks its own module.
-* ``per-batch`` (the reference protocol): the entropy is averaged over a batch and ONE module
-  answers for the whole batch. The reference's test loader is ordered class by class and not
-  shuffled, so a batch is nearly one class and the choice leaks the task grouping. We reproduce
-  that order (stable sort by label) and batch size (48), and record both with every result.
+    router(logits [T, N, C], ctx: RouteContext) -> module index per sample [N]
+
+``ctx`` carries what a rule may look at besides the logits: the frozen test features, what the
+learner stored about the frozen training features (class means and a pooled within-class
+scatter), and — for the reference's per-batch protocol and the oracle only — the labels / task ids.
+
+* ``per-sample`` (default, honest): each image picks the module with the lowest softmax entropy
+  (the reference's rule, one choice per image).
+* ``per-batch`` (the reference protocol): the entropy is averaged over a batch and ONE module answers
+  for the whole batch. The reference's test loader is ordered class by class and not shuffled, so
+  a batch is nearly one class and the choice leaks the task grouping. We reproduce that order
+  (stable sort by label) and batch size (48), and record both with every result.
 * ``oracle``: the module of the sample's true task (an upper bound, not a method).
+* ``max-softmax``: the module whose largest softmax probability is highest (Hendrycks & Gimpel 2017).
+* ``energy``: the module with the largest log-sum-exp of its logits (Liu et al. 2020, energy score).
+* ``ncm``: the task of the nearest class mean of the frozen features (cosine, as SimpleCIL).
+* ``mahalanobis``: the task of the class mean nearest in Mahalanobis distance under ONE shared
+  within-class covariance of the frozen features, shrunk as FeCAM (Goswami et al. 2023).
+* ``entropy-ncm`` (ours): entropy where it is confident — the winner's entropy below half of
+  log C — and ``ncm`` elsewhere.
 
 Routing accuracy: the fraction of samples routed to their own task's module.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-ROUTINGS = ("per-sample", "per-batch", "oracle")
+from lab._registry import Registry
+
+ROUTERS = Registry("routing")
 PER_BATCH_ORDER = "class-ordered (stable sort by incremental label, as the reference's test loader)"
 
 
+@dataclass
+class RouteContext:
+    """What a router may use besides the logits. Tensors on the CPU."""
+
+    features: torch.Tensor | None = None  # [N, d] frozen test features
+    class_means: torch.Tensor | None = None  # [C, d] frozen training features, per class (the learner's)
+    scatter: torch.Tensor | None = None  # [d, d] pooled within-class scatter Σ (x - μ_y)(x - μ_y)ᵀ
+    scatter_count: int = 0  # samples behind ``scatter``
+    task_of_class: torch.Tensor | None = None  # [C] task index of each class
+    task_ids: torch.Tensor | None = None  # [N] true task (oracle; routing accuracy)
+    labels: torch.Tensor | None = None  # [N] (per-batch: the reference's class-ordered test order)
+    batch_size: int = 48  # per-batch protocol
+
+    def need(self, router: str, *names: str) -> None:
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"routing {router!r} needs {', '.join(missing)} in its RouteContext")
+
+
+def register(name: str, **info):
+    """Register a router ``fn(logits [T, N, C], ctx) -> [N]``; ``info``: its protocol."""
+    return ROUTERS.register(name, protocol=info.pop("protocol", "per-sample"), **info)
+
+
+def list_routings() -> list[str]:
+    return ROUTERS.names()
+
+
+ROUTINGS = ("per-sample", "per-batch", "oracle")  # what every TOSCA run reports unless told otherwise
+
+
 def check_routing(name: str) -> str:
-    if name not in ROUTINGS:
-        raise ValueError(f"unknown routing {name!r}; valid routings: {', '.join(ROUTINGS)}")
+    if name not in ROUTERS:
+        raise ValueError(f"unknown routing {name!r}; valid routings: {', '.join(ROUTERS.names())}")
     return name
 
 
@@ -34,35 +82,104 @@ def entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
-def choose(ent: torch.Tensor, routing: str, *, task_ids: torch.Tensor | None = None,
-           labels: torch.Tensor | None = None, batch_size: int = 48) -> torch.Tensor:
-    """Module index per sample ``[N]`` from entropies ``ent [T, N]``.
-
-    ``task_ids`` (true task per sample) is needed by 'oracle'; ``labels`` by 'per-batch' only to
-    build the reference's class-ordered test order.
-    """
-    check_routing(routing)
-    if routing == "per-sample":
-        return ent.argmin(0)
-    if routing == "oracle":
-        if task_ids is None:
-            raise ValueError("oracle routing needs the true task ids")
-        return task_ids.to(ent.device).long()
-    if labels is None:
-        raise ValueError("per-batch routing needs the labels to build the reference's class-ordered test order")
-    if batch_size < 1:
-        raise ValueError(f"per-batch routing needs batch_size >= 1 (got {batch_size})")
-    order = torch.sort(labels.to(ent.device), stable=True).indices
-    choice = torch.empty(ent.shape[1], dtype=torch.long, device=ent.device)
-    for idx in order.split(batch_size):
-        choice[idx] = ent[:, idx].mean(1).argmin()
+def _class_ordered_batches(cost: torch.Tensor, ctx: RouteContext, name: str) -> torch.Tensor:
+    """ONE module per batch of the reference's class-ordered test order: lowest mean cost [T, N]."""
+    ctx.need(name, "labels")
+    if ctx.batch_size < 1:
+        raise ValueError(f"per-batch routing needs batch_size >= 1 (got {ctx.batch_size})")
+    order = torch.sort(ctx.labels.to(cost.device), stable=True).indices
+    choice = torch.empty(cost.shape[1], dtype=torch.long, device=cost.device)
+    for idx in order.split(ctx.batch_size):
+        choice[idx] = cost[:, idx].mean(1).argmin()
     return choice
+
+
+@register("per-sample", rule="entropy")
+def _entropy_per_sample(logits, ctx):
+    return entropy(logits).argmin(0)
+
+
+@register("per-batch", rule="entropy", protocol="per-batch")
+def _entropy_per_batch(logits, ctx):
+    return _class_ordered_batches(entropy(logits), ctx, "per-batch")
+
+
+@register("oracle", rule="true task", protocol="oracle")
+def _oracle(logits, ctx):
+    ctx.need("oracle", "task_ids")
+    return ctx.task_ids.to(logits.device).long()
+
+
+@register("max-softmax", rule="max softmax probability")
+def _max_softmax(logits, ctx):
+    return torch.softmax(logits.float(), -1).amax(-1).argmax(0)
+
+
+@register("energy", rule="log-sum-exp")
+def _energy(logits, ctx):
+    return torch.logsumexp(logits.float(), -1).argmax(0)
+
+
+def _nearest_class_task(dist: torch.Tensor, ctx: RouteContext) -> torch.Tensor:
+    """dist ``[N, C]`` -> the task of the nearest class, restricted to the modules that exist."""
+    return ctx.task_of_class[dist.argmin(1)].long()
+
+
+@register("ncm", rule="nearest class mean (frozen features, cosine)")
+def _ncm(logits, ctx):
+    ctx.need("ncm", "features", "class_means", "task_of_class")
+    f = torch.nn.functional.normalize(ctx.features.float(), dim=1)
+    mu = torch.nn.functional.normalize(ctx.class_means.float(), dim=1)
+    return _nearest_class_task(-(f @ mu.T), ctx).to(logits.device)
+
+
+def shrink(cov: torch.Tensor, gamma1: float = 1.0, gamma2: float = 1.0) -> torch.Tensor:
+    """FeCAM's covariance shrinkage (Goswami et al. 2023, eq. 6): ``Σ + γ1·V1·I + γ2·V2·(1 - I)``,
+    V1 the mean variance (diagonal), V2 the mean off-diagonal covariance."""
+    d = cov.shape[0]
+    eye = torch.eye(d, dtype=cov.dtype)
+    v1 = cov.diagonal().mean()
+    v2 = (cov.sum() - cov.diagonal().sum()) / max(d * d - d, 1)
+    return cov + gamma1 * v1 * eye + gamma2 * v2 * (1 - eye)
+
+
+def mahalanobis(x: torch.Tensor, means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
+    """Squared Mahalanobis distances ``[N, C]`` of ``x [N, d]`` to ``means [C, d]`` under one
+    precision matrix ``[d, d]``: x'Px - 2 x'Pμ + μ'Pμ."""
+    xp = x @ precision
+    mp = means @ precision
+    return (xp * x).sum(1, keepdim=True) - 2 * xp @ means.T + (mp * means).sum(1)[None]
+
+
+@register("mahalanobis", rule="shared-covariance Mahalanobis (frozen features, FeCAM shrinkage)")
+def _mahalanobis(logits, ctx):
+    ctx.need("mahalanobis", "features", "class_means", "scatter", "task_of_class")
+    cov = ctx.scatter.double() / max(ctx.scatter_count - 1, 1)
+    precision = torch.linalg.pinv(shrink(cov), hermitian=True)
+    dist = mahalanobis(ctx.features.double(), ctx.class_means.double(), precision)
+    return _nearest_class_task(dist, ctx).to(logits.device)
+
+
+@register("entropy-ncm", rule="entropy where confident, else nearest class mean")
+def _entropy_ncm(logits, ctx):
+    ent = entropy(logits)  # [T, N]
+    best, choice = ent.min(0)
+    unsure = best > 0.5 * math.log(logits.shape[-1])
+    return torch.where(unsure, _ncm(logits, ctx), choice)
 
 
 def predict(logits: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
     """Class predictions ``[N]`` from ``logits [T, N, C]`` and the chosen module per sample ``[N]``."""
     n = torch.arange(logits.shape[1], device=logits.device)
     return logits[choice.to(logits.device), n].argmax(-1)
+
+
+def choose(logits: torch.Tensor, routing: str, ctx: RouteContext | None = None) -> torch.Tensor:
+    """Module index per sample ``[N]`` under one registered routing."""
+    choice = ROUTERS.create(check_routing(routing), logits=logits, ctx=ctx or RouteContext())
+    if choice.shape != logits.shape[1:2]:
+        raise ValueError(f"routing {routing!r} returned shape {tuple(choice.shape)}, expected ({logits.shape[1]},)")
+    return choice
 
 
 @dataclass
@@ -75,12 +192,20 @@ class Routed:
     order: str | None = None  # per-batch only
 
 
-def route(logits: torch.Tensor, routing: str, *, task_ids: torch.Tensor | None = None,
-          labels: torch.Tensor | None = None, batch_size: int = 48) -> Routed:
+def route(logits: torch.Tensor, routing: str, ctx: RouteContext | None = None, *,
+          task_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+          batch_size: int | None = None) -> Routed:
     """Apply one routing to precomputed ``logits [T, N, C]`` (T learned modules)."""
-    ent = entropy(logits)
-    choice = choose(ent, routing, task_ids=task_ids, labels=labels, batch_size=batch_size)
-    racc = float((choice.cpu() == task_ids.cpu()).float().mean()) if task_ids is not None else float("nan")
-    per_batch = routing == "per-batch"
+    ctx = ctx or RouteContext()
+    if task_ids is not None:
+        ctx.task_ids = task_ids
+    if labels is not None:
+        ctx.labels = labels
+    if batch_size is not None:
+        ctx.batch_size = batch_size
+    choice = choose(logits, routing, ctx)
+    tid = ctx.task_ids
+    racc = float((choice.cpu() == tid.cpu()).float().mean()) if tid is not None else float("nan")
+    per_batch = ROUTERS.info(routing)["protocol"] == "per-batch"
     return Routed(routing, predict(logits, choice).cpu(), choice.cpu(), racc,
-                  batch_size if per_batch else None, PER_BATCH_ORDER if per_batch else None)
+                  ctx.batch_size if per_batch else None, PER_BATCH_ORDER if per_batch else None)

@@ -1,14 +1,14 @@
 """The TOSCA notebook's panel: re-train TOSCA on cached features and route its test set live."""
 from __future__ import annotations
 
-from lab.tosca.routing import ROUTINGS
+from lab.tosca.routing import list_routings
 from lab.widgets import Panel
 
 
 def _routing_choices() -> tuple[str, ...]:
-    """Every routing of :mod:`lab.tosca.routing`; its per-batch protocol in both test orders."""
+    """Every routing of :mod:`lab.tosca.routing`'s registry; its per-batch protocol in both test orders."""
     out: list[str] = []
-    for r in ROUTINGS:
+    for r in list_routings():
         out += ["per-batch (class-ordered)", "per-batch (shuffled)"] if r == "per-batch" else [r]
     return tuple(out)
 
@@ -68,15 +68,13 @@ class ToscaPanel(Panel):
         from dataclasses import replace
 
         from lab.experiments.tosca import analysis as TA
-        from lab.tosca.learner import Tosca
+        from lab.experiments.tosca import methods
 
         key = (float(l1), int(epochs), sigma)
         if key not in self._models:
             d = self.data
-            model = Tosca(d.dim, replace(self.config, l1=float(l1), epochs=int(epochs), head_scale_param=sigma))
-            for t, classes in enumerate(d.task_classes):
-                m = d.train_task == t
-                model.learn_task(classes, d.train_x[m], d.train_y[m])
+            cfg = replace(self.config, l1=float(l1), epochs=int(epochs), head_scale_param=sigma)
+            model = methods.fit(methods.create("tosca", d.dim, cfg), d).model
             x, task = d.train_x[self._gate_idx], d.train_task[self._gate_idx]
             gates = TA.gate_sparsity(model, x, task)
             ov = TA.overlap(model, x, task).pivot(index="task_i", columns="task_j", values="cosine")
@@ -92,18 +90,16 @@ class ToscaPanel(Panel):
         key = (name, int(epochs))
         if key not in self._baselines:
             d = self.data
-            m = methods.create(name, d.dim, replace(self.config, epochs=int(epochs)))
-            for t, classes in enumerate(d.task_classes):
-                m.learn_task(t, classes, d)
+            m = methods.fit(methods.create(name, d.dim, replace(self.config, epochs=int(epochs))), d)
             logits = m.logits(d, slice(None))[0]
             self._baselines[key] = float((logits.argmax(1) == d.test_y).float().mean() * 100)
         return self._baselines[key]
 
-    def _route(self, logits, routing: str, batch_size: int):
+    def _route(self, model, logits, routing: str, batch_size: int):
         import torch
 
         from lab import analysis
-        from lab.tosca.routing import choose, entropy
+        from lab.tosca.routing import choose
 
         d = self.data
         if routing == "per-batch (shuffled)":
@@ -112,7 +108,9 @@ class ToscaPanel(Panel):
         if routing == "per-batch (class-ordered)":
             # the reference's order: stable sort by label (lab.tosca.routing's per-batch)
             return analysis.route_in_order(logits, torch.sort(d.test_y, stable=True).indices, batch_size)
-        return choose(entropy(logits), routing, task_ids=d.test_task)
+        ctx = model.route_context(d.test_x)
+        ctx.task_ids = d.test_task
+        return choose(logits, routing, ctx)
 
     def compute(self, l1: float, epochs: int, sigma: str, routing: str, batch_size: int, baseline: str):
         import pandas as pd
@@ -126,7 +124,7 @@ class ToscaPanel(Panel):
             raise ValueError(f"unknown routing {routing!r}; valid: {', '.join(ROUTING_CHOICES)}")
         model, logits, gates, ov = self._train(l1, epochs, sigma)
         d = self.data
-        choice = self._route(logits, routing, batch_size)
+        choice = self._route(model, logits, routing, batch_size)
         acc = float((predict(logits, choice) == d.test_y).float().mean() * 100)
         racc = float((choice == d.test_task).float().mean() * 100)
         oracle = float((predict(logits, d.test_task.long()) == d.test_y).float().mean() * 100)

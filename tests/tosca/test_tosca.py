@@ -11,7 +11,7 @@ from lab.experiments.tosca._synthetic import synthetic_data
 from lab.tosca.head import CosineHead, class_means
 from lab.tosca.learner import NonFiniteLoss, Tosca, ToscaConfig, add_l1_grad, cosine_lr, sgd_step
 from lab.tosca.luca import FLOWS, LuCA, bottleneck, param_count
-from lab.tosca.routing import ROUTINGS, choose, entropy, predict, route
+from lab.tosca.routing import ROUTINGS, RouteContext, choose, entropy, predict, route
 
 
 # --- LuCA ---------------------------------------------------------------------------------------
@@ -223,24 +223,33 @@ def test_per_sample_routing_with_the_oracles_choice_gives_the_oracles_accuracy()
     assert torch.equal(ps.preds[same], orc.preds[same])
 
 
+def _logits_with_entropy_order(ent):
+    """Logits [T, N, 2] whose softmax entropy is ordered as ``ent [T, N]`` (lower ent, lower entropy)."""
+    x = 10 * (1 - ent)
+    return torch.stack([x, torch.zeros_like(x)], -1)
+
+
 def test_per_batch_uses_class_order_and_one_module_per_batch():
     ent = torch.tensor([[0.1, 0.1, 0.9, 0.9, 0.2, 0.2], [0.5, 0.5, 0.1, 0.1, 0.9, 0.9]])
+    L = _logits_with_entropy_order(ent)
     labels = torch.tensor([0, 0, 2, 2, 1, 1])  # class order: samples 0,1,4,5 | 2,3
-    ch = choose(ent, "per-batch", labels=labels, batch_size=4)
+    ch = choose(L, "per-batch", RouteContext(labels=labels, batch_size=4))
     assert ch.tolist() == [0, 0, 1, 1, 0, 0]
-    ch2 = choose(ent, "per-batch", labels=labels, batch_size=1)
-    assert torch.equal(ch2, choose(ent, "per-sample"))
+    ch2 = choose(L, "per-batch", RouteContext(labels=labels, batch_size=1))
+    assert torch.equal(ch2, choose(L, "per-sample"))
     r = route(torch.randn(2, 6, 3), "per-batch", labels=labels, batch_size=4)
     assert r.batch_size == 4 and "class-ordered" in r.order
 
 
 def test_routing_errors():
-    with pytest.raises(ValueError, match="valid routings: per-sample, per-batch, oracle"):
-        choose(torch.zeros(2, 3), "random")
-    with pytest.raises(ValueError, match="true task ids"):
-        choose(torch.zeros(2, 3), "oracle")
+    with pytest.raises(ValueError, match="valid routings: per-sample, per-batch, oracle, max-softmax"):
+        choose(torch.zeros(2, 3, 2), "random")
+    with pytest.raises(ValueError, match="task_ids"):
+        choose(torch.zeros(2, 3, 2), "oracle")
     with pytest.raises(ValueError, match="labels"):
-        choose(torch.zeros(2, 3), "per-batch")
+        choose(torch.zeros(2, 3, 2), "per-batch")
+    with pytest.raises(ValueError, match="features"):
+        choose(torch.zeros(2, 3, 2), "ncm")
     assert ROUTINGS == ("per-sample", "per-batch", "oracle")
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .methods import ScenarioData
+from ._base import ScenarioData
 
 
 def synthetic_data(num_tasks: int = 3, classes_per_task: int = 2, dim: int = 32, n_train: int = 40,

@@ -122,12 +122,11 @@ def l1_sweep(data, l1_values, config: ToscaConfig = ToscaConfig(), *, threshold:
 
     from lab.tosca.routing import route
 
+    from .methods import create, fit
+
     out = []
     for l1 in l1_values:
-        model = Tosca(data.dim, replace(config, l1=float(l1)))
-        for t, classes in enumerate(data.task_classes):
-            m = data.train_task == t
-            model.learn_task(classes, data.train_x[m], data.train_y[m])
+        model = fit(create("tosca", data.dim, replace(config, l1=float(l1))), data).model
         r = route(model.all_logits(data.test_x), "per-sample", task_ids=data.test_task)
         acc = float((r.preds == data.test_y).float().mean() * 100)
         ws = weight_sparsity(model, threshold).groupby("task")[["frac_below", "l1_mass"]].agg(

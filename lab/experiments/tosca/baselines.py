@@ -2,6 +2,11 @@
 
 * :class:`SimpleCIL` — Zhou et al. 2023: a cosine classifier whose rows are class-mean prototypes
   of the frozen features; nothing is trained.
+* :class:`NCM` — nearest class mean in Euclidean distance on the frozen features (Mensink et al. 2013).
+* :class:`FeCAM` — Goswami et al., NeurIPS 2023: a Tukey-transformed, class-wise Mahalanobis
+  distance with shrunk, normalised covariances; nothing is trained.
+* :class:`RanPAC` — McDonnell et al., NeurIPS 2023: a frozen random projection with ReLU and a
+  ridge-regression read-out from running Gram statistics, λ chosen on held-out training data.
 * :class:`FineTune` — sequential fine-tuning of one linear head: each task trains on its own data
   only (loss over every class seen so far) — the forgetting lower bound.
 * :class:`Joint` — after each stage, a fresh linear head trained on the data of every class seen
@@ -21,6 +26,9 @@ from torch import nn
 
 from lab.tosca.head import CosineHead, class_means
 from lab.tosca.learner import NonFiniteLoss, ToscaConfig, cosine_lr, cpu_threads, sgd_step
+from lab.tosca.routing import shrink
+
+from ._base import Method, register
 
 
 def train_head(head: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: ToscaConfig,
@@ -63,10 +71,10 @@ def grown_linear(old: nn.Linear | None, dim: int, n_new: int, generator: torch.G
     return new
 
 
-class SimpleCIL:
-    name = "simplecil"
-
-    def __init__(self, dim: int, cfg: ToscaConfig, **_):
+@register("simplecil", trains=False)
+class SimpleCIL(Method):
+    def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached"):
+        super().__init__(dim, cfg, backbone=backbone, mode=mode)
         self.head = CosineHead(dim)
 
     def learn_task(self, t, classes, data, on_epoch=None) -> None:
@@ -84,15 +92,13 @@ class SimpleCIL:
     def restore_task(self, t, tensors, classes, data) -> None:
         self.head.weight = nn.Parameter(tensors["head.weight"].clone())
 
-    def trainable_parameters(self, t) -> int:
-        return 0  # prototypes are computed, not trained
 
 
-class FineTune:
-    name = "finetune"
-
-    def __init__(self, dim: int, cfg: ToscaConfig, **_):
-        self.dim, self.cfg, self.head, self.seen = dim, cfg, None, 0
+@register("finetune")
+class FineTune(Method):
+    def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached"):
+        super().__init__(dim, cfg, backbone=backbone, mode=mode)
+        self.head, self.seen = None, 0
 
     def learn_task(self, t, classes, data, on_epoch=None) -> None:
         gen = torch.Generator().manual_seed(self.cfg.seed + t)
@@ -119,9 +125,8 @@ class FineTune:
         return self.seen * (self.dim + 1)
 
 
+@register("joint")
 class Joint(FineTune):
-    name = "joint"
-
     def learn_task(self, t, classes, data, on_epoch=None) -> None:
         gen = torch.Generator().manual_seed(self.cfg.seed + t)
         self.seen += len(classes)
@@ -129,3 +134,133 @@ class Joint(FineTune):
         m = data.train_task <= t
         train_head(self.head, data.train_x[m], data.train_y[m], self.cfg, gen, what=f"joint stage {t}",
                    on_epoch=on_epoch)
+
+
+class _Stored(Method):
+    """A classifier computed (not trained) from the frozen features; its state is a dict of tensors."""
+
+    state: dict
+
+    def task_tensors(self, t) -> dict:
+        return {k: v.detach().clone() for k, v in self.state.items()}
+
+    def restore_task(self, t, tensors, classes, data) -> None:
+        self.state = {k: v.clone() for k, v in tensors.items()}
+
+
+@register("ncm", trains=False)
+class NCM(_Stored):
+    """Nearest class mean, Euclidean: logits = -‖x - μ_c‖²."""
+
+    def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached"):
+        super().__init__(dim, cfg, backbone=backbone, mode=mode)
+        self.state = {"means": torch.empty(0, dim)}
+
+    def learn_task(self, t, classes, data, on_epoch=None) -> None:
+        m = data.train_task == t
+        self.state["means"] = torch.cat([self.state["means"], class_means(data.train_x[m], data.train_y[m], classes)])
+
+    @torch.no_grad()
+    def logits(self, data, idx) -> torch.Tensor:
+        return -torch.cdist(data.test_x[idx].float(), self.state["means"]).pow(2)[None]
+
+
+def tukey(x: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
+    """Tukey's ladder of powers, ``sign(x)·|x|^β`` (FeCAM uses β = 0.5 on non-negative features;
+    the sign keeps it defined for features that can be negative, e.g. a ViT's)."""
+    return x.sign() * x.abs().pow(beta)
+
+
+@register("fecam", trains=False)
+class FeCAM(_Stored):
+    """FeCAM (Goswami et al., NeurIPS 2023, Sec. 3; their public code ``fecam.py``): features
+    Tukey-transformed (β = 0.5), one covariance per class, shrunk (γ1 = γ2 = 1), normalised to unit
+    diagonal, then the class of the smallest Mahalanobis distance between L2-normalised features
+    and means. Stored per class: mean and precision ([C, d, d]); nothing is trained."""
+
+    beta, gamma = 0.5, 1.0
+
+    def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached"):
+        super().__init__(dim, cfg, backbone=backbone, mode=mode)
+        self.state = {"means": torch.empty(0, dim), "precisions": torch.empty(0, dim, dim)}
+
+    @torch.no_grad()
+    def learn_task(self, t, classes, data, on_epoch=None) -> None:
+        m = data.train_task == t
+        x, y = tukey(data.train_x[m].double(), self.beta), data.train_y[m]
+        means, precs = [], []
+        for c in classes:
+            xc = x[y == c]
+            cov = torch.cov(xc.T) if len(xc) > 1 else torch.zeros(self.dim, self.dim, dtype=x.dtype)
+            cov = shrink(cov, self.gamma, self.gamma)
+            sd = cov.diagonal().clamp_min(1e-12).sqrt()
+            cov = cov / (sd[:, None] * sd[None, :])  # FeCAM's normalize_cov
+            means.append(F.normalize(xc.mean(0), dim=0))
+            precs.append(torch.linalg.pinv(cov, hermitian=True))
+        self.state = {"means": torch.cat([self.state["means"], torch.stack(means).float()]),
+                      "precisions": torch.cat([self.state["precisions"], torch.stack(precs).float()])}
+
+    @torch.no_grad()
+    def logits(self, data, idx) -> torch.Tensor:
+        x = F.normalize(tukey(data.test_x[idx].float(), self.beta), dim=1)
+        out = []
+        for mu, p in zip(self.state["means"], self.state["precisions"]):
+            diff = x - mu  # [n, d]
+            out.append(((diff @ p) * diff).sum(1))
+        return -torch.stack(out, 1)[None]
+
+
+RIDGES = tuple(10.0 ** k for k in range(-8, 14))  # RanPAC's grid (their optimise_ridge_parameter)
+
+
+@register("ranpac", trains=False)
+class RanPAC(_Stored):
+    """RanPAC (McDonnell et al., NeurIPS 2023, Sec. 4; their public code ``RanPAC.py``) on frozen
+    features, without its first-session adaptation: ``h = ReLU(x W)`` with a frozen Gaussian
+    ``W [d, M]``, running ``G = Σ h hᵀ`` and ``Q = Σ h yᵀ`` (one-hot), read-out
+    ``W_o = (G + λ I)⁻¹ Q``. λ per stage, as their code: from 10⁻⁸..10¹³, the one with the least
+    MSE when the stage's training data is split 80 / 20 (here after a seeded shuffle, because our
+    training rows are ordered by class). ``M`` = 2,000 here (ours; the paper's 10,000 costs minutes
+    of CPU per stage) — set ``RanPAC.projection``."""
+
+    projection = 2000
+
+    def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached"):
+        super().__init__(dim, cfg, backbone=backbone, mode=mode)
+        g = torch.Generator().manual_seed(cfg.seed)
+        M = self.projection
+        self.state = {"W": torch.randn(dim, M, generator=g), "G": torch.zeros(M, M, dtype=torch.float64),
+                      "Q": torch.zeros(M, 0, dtype=torch.float64), "Wo": torch.zeros(M, 0),
+                      "ridge": torch.zeros(1)}
+
+    def _h(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x.float() @ self.state["W"]).double()
+
+    @torch.no_grad()
+    def learn_task(self, t, classes, data, on_epoch=None) -> None:
+        m = data.train_task == t
+        h, y = self._h(data.train_x[m]), data.train_y[m]
+        C = classes[-1] + 1
+        Y = F.one_hot(y, C).double()
+        Q = torch.cat([self.state["Q"], torch.zeros(self.state["Q"].shape[0], C - self.state["Q"].shape[1],
+                                                    dtype=torch.float64)], 1)
+        G, Q = self.state["G"] + h.T @ h, Q + h.T @ Y
+        ridge = self._choose_ridge(h, Y, torch.Generator().manual_seed(self.cfg.seed + t))
+        evals, evecs = torch.linalg.eigh(G)
+        Wo = evecs @ ((evecs.T @ Q) / (evals + ridge)[:, None])  # (G + λI)⁻¹ Q
+        self.state.update(G=G, Q=Q, Wo=Wo.float(), ridge=torch.tensor([ridge]))
+
+    @staticmethod
+    def _choose_ridge(h: torch.Tensor, Y: torch.Tensor, gen: torch.Generator) -> float:
+        perm = torch.randperm(len(h), generator=gen)
+        n = int(0.8 * len(h))
+        tr, va = perm[:n], perm[n:]
+        evals, evecs = torch.linalg.eigh(h[tr].T @ h[tr])
+        proj_q = evecs.T @ (h[tr].T @ Y[tr])  # [M, C]
+        hv = h[va] @ evecs  # [n_val, M]
+        losses = [float(((hv @ (proj_q / (evals + r)[:, None]) - Y[va]) ** 2).mean()) for r in RIDGES]
+        return RIDGES[int(torch.tensor(losses).argmin())]
+
+    @torch.no_grad()
+    def logits(self, data, idx) -> torch.Tensor:
+        return (self._h(data.test_x[idx]).float() @ self.state["Wo"])[None]

@@ -4,22 +4,29 @@ Imports stay inside the handler, so ``lab --help`` does not load torch.
 """
 from __future__ import annotations
 
-_METHODS = ("tosca", "simplecil", "finetune", "joint", "layerwise_adapter")
-_ROUTINGS = ("per-sample", "per-batch", "oracle")
 _EPILOG = """\
 methods:
   tosca              one LuCA module per task on the frozen decision-point feature, entropy routing
   simplecil          prototype cosine classifier on the frozen features (no training)
+  ncm                nearest class mean (Euclidean) on the frozen features (no training)
+  fecam              class-wise Mahalanobis with shrinkage and a Tukey transform (FeCAM; no training)
+  ranpac             random projection + ReLU + ridge regression (RanPAC, without its first-task
+                     adaptation; no gradient training)
   finetune           one linear head fine-tuned task after task (forgetting lower bound)
   joint              a linear head trained on every class seen so far (upper bound)
   layerwise_adapter  bottleneck adapters in every backbone block, trained on task 0, then
                      prototypes (APER-adapter); runs the backbone, slow on a CPU
 
-routing (TOSCA is always evaluated under all three; --routing picks the headline row):
-  per-sample  each test image picks the module with the lowest softmax entropy (honest)
-  per-batch   the reference protocol: mean entropy over a batch of --per-batch-size test images in
-              class-ordered test order; ONE module per batch (leaks the task grouping)
-  oracle      the module of the image's true task (upper bound)
+routing (TOSCA is evaluated under --routings and --routing; --routing picks the headline row):
+  per-sample   each test image picks the module with the lowest softmax entropy (honest)
+  per-batch    the reference protocol: mean entropy over a batch of --per-batch-size test images in
+               class-ordered test order; ONE module per batch (leaks the task grouping)
+  oracle       the module of the image's true task (upper bound)
+  max-softmax  the module with the highest top softmax probability
+  energy       the module with the largest log-sum-exp of its logits
+  ncm          the task of the nearest class mean of the frozen features
+  mahalanobis  the same under one shared, shrunk covariance of the frozen features
+  entropy-ncm  entropy where its winner is confident, ncm elsewhere
 
 modes:
   cached   train on cached backbone features (no backbone pass during training; default)
@@ -38,6 +45,10 @@ example:
 def register(subparsers) -> None:
     import argparse
 
+    from lab.tosca.routing import list_routings
+
+    from .methods import list_methods
+
     p = subparsers.add_parser(
         "tosca", help="TOSCA and baselines on a class-incremental scenario; prints the summary table",
         description="Run a class-incremental scenario (B<init> Inc<inc>) with TOSCA or a baseline on a frozen "
@@ -51,26 +62,44 @@ def register(subparsers) -> None:
     p.add_argument("--resolution", type=int, default=None, help="input resolution in px (default: the backbone's)")
     p.add_argument("--weights", default=None, metavar="FILE",
                    help="backbone weights file (as $LAB_VIT_B16_WEIGHTS; default: the backbone's own source)")
+    p.add_argument("--preprocess", default=None, choices=("reference", "timm"),
+                   help="ViT preprocessing: reference (Resize 256 bicubic + CenterCrop 224, no Normalize; default) "
+                        "or timm (resize to 224, mean/std 0.5); see lab/backbones.py")
     p.add_argument("--init", type=int, default=0, help="classes in the first task; 0 = same as --inc (default 0)")
     p.add_argument("--inc", type=int, default=2, help="classes per later task (default 2)")
     p.add_argument("--seed", type=int, default=1993, help="class order and training seed (default 1993)")
-    p.add_argument("--method", default="tosca", choices=_METHODS, help="method (default tosca)")
-    p.add_argument("--routing", default="per-sample", choices=_ROUTINGS, help="headline routing (default per-sample)")
+    p.add_argument("--method", default="tosca", choices=list_methods(), help="method (default tosca)")
+    p.add_argument("--routing", default="per-sample", choices=list_routings(), help="headline routing (default per-sample)")
+    p.add_argument("--routings", nargs="+", default=["per-sample", "per-batch", "oracle"], choices=list_routings(),
+                   metavar="R", help="routings TOSCA is evaluated under (default per-sample per-batch oracle)")
     p.add_argument("--mode", default="cached", choices=("cached", "augment"), help="training mode (default cached)")
     p.add_argument("--epochs", type=int, default=20, help="epochs per task (default 20, the reference)")
     p.add_argument("--batch-size", type=int, default=48, help="training batch (default 48)")
     p.add_argument("--lr", type=float, default=0.025, help="SGD learning rate, cosine to 1e-8 (default 0.025)")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="SGD weight decay (default 0)")
+    p.add_argument("--eta-min", type=float, default=1e-8, help="the cosine schedule's final lr (default 1e-8)")
     p.add_argument("--l1", type=float, default=5e-4, help="L1 coefficient on the LuCA parameters (default 5e-4)")
     p.add_argument("--ratio", type=int, default=16, help="LuCA bottleneck r = d // ratio (default 16)")
     p.add_argument("--flow", default="tosca", choices=("tosca", "adapter", "calibrator", "tosca_r"),
                    help="LuCA flow (default tosca; the others are the reference's ablations)")
     p.add_argument("--per-batch-size", type=int, default=48, help="test batch of the per-batch protocol (default 48)")
-    p.add_argument("--device", default="cpu", help="device for the TOSCA modules (default cpu)")
+    p.add_argument("--device", default="cpu", help="device of the feature pass and the TOSCA modules (default cpu; "
+                                                   "cuda: features in bf16 autocast)")
     p.add_argument("--engine", default="eager", choices=("eager", "static", "cuda_graph"),
                    help="TOSCA training loop: eager (default), static buffers, or one CUDA graph per epoch (GPU)")
     p.add_argument("--head-scale-param", default="positive", choices=("positive", "free"),
                    help="cosine-head scale σ: positive (softplus, stays > 0; default) or free (the reference's "
                         "unconstrained σ, which can turn negative and flip every logit)")
+    p.add_argument("--head-scale", type=float, default=1.0, help="initial σ of the cosine head (default 1)")
+    p.add_argument("--head-init", default="reference", choices=("reference", "uniform"),
+                   help="new head rows: reference (first task uniform, later tasks zero rows, as the "
+                        "reference; default) or uniform (uniform rows for every task)")
+    p.add_argument("--luca-init", default="reference", choices=("reference", "xavier"),
+                   help="LuCA init: reference (task 0 from nn.Linear's default, later tasks Xavier; "
+                        "default) or xavier (every task)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads while training (0 = torch's setting; default 1, see ToscaConfig)")
     p.add_argument("--runs-dir", default=None, help="runs root (default $LAB_RUNS_DIR or ./runs)")
     p.add_argument("--resume", default=None, metavar="DIR", help="continue an interrupted run in DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -84,7 +113,7 @@ def check_args(args) -> None:
     from lab import backbones, data, runs
     from lab.cli import check_backbone_args
 
-    check_backbone_args(args.backbone, args.resolution, args.weights)
+    check_backbone_args(args.backbone, args.resolution, args.weights, args.preprocess)
     for d in args.dataset:
         data.dataset_info(d)
     V.count("--init", args.init, minimum=0)
@@ -92,11 +121,18 @@ def check_args(args) -> None:
     V.seed("--seed", args.seed)
     V.count("--epochs", args.epochs)
     V.count("--batch-size", args.batch_size)
-    if args.method == "simplecil":
-        V.number("--lr", args.lr, ge=0)
-    else:
+    from .methods import METHODS
+
+    if METHODS.info(args.method)["trains"]:
         V.learning_rate("--lr", args.lr)
+    else:
+        V.number("--lr", args.lr, ge=0)
     V.number("--l1", args.l1, ge=0)
+    V.number("--momentum", args.momentum, ge=0)
+    V.number("--weight-decay", args.weight_decay, ge=0)
+    V.number("--eta-min", args.eta_min, ge=0)
+    V.number("--head-scale", args.head_scale, gt=0)
+    V.count("--threads", args.threads, minimum=0)
     dim = backbones.backbone_info(args.backbone)["feature_dim"]
     V.count("--ratio", args.ratio, maximum=dim)
     V.count("--per-batch-size", args.per_batch_size)
@@ -117,14 +153,22 @@ def cmd_tosca(args) -> int:
     from .run import RunConfig, run
 
     check_args(args)
-    cfg = RunConfig(datasets=tuple(args.dataset), backbone=args.backbone, resolution=args.resolution, init=args.init,
-                    inc=args.inc, seed=args.seed, method=args.method, routing=args.routing, mode=args.mode,
-                    epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, l1=args.l1, ratio=args.ratio,
-                    flow=args.flow, per_batch_size=args.per_batch_size, device=args.device,
-                    engine=args.engine, weights=args.weights, head_scale_param=args.head_scale_param)
+    cfg = config_from_args(args)
     res = run(cfg, runs_root=args.runs_dir, resume=args.resume, progress=not args.quiet)
     print(format_summary(res))
     return 0
+
+
+def config_from_args(args):
+    """A RunConfig from parsed arguments: every field of the config has an argument of its name."""
+    from dataclasses import fields
+
+    from .run import RunConfig
+
+    given = {f.name: getattr(args, f.name) for f in fields(RunConfig) if hasattr(args, f.name)}
+    given["datasets"] = tuple(args.dataset)
+    given["routings"] = tuple(args.routings)
+    return RunConfig(**given)
 
 
 def format_summary(res) -> str:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._base import Method, register
 from .augment import random_resized_crop_flip
 from lab.tosca.head import CosineHead, class_means
 from lab.tosca.learner import NonFiniteLoss, ToscaConfig, cosine_lr, sgd_step
@@ -91,12 +92,11 @@ def adapter_param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in adapter_parameters(model))
 
 
-class LayerwiseAdapter:
-    name = "layerwise_adapter"
-    needs_backbone = True
-
-    def __init__(self, dim: int, cfg: ToscaConfig, backbone, *, augment: bool = False, r: int = BOTTLENECK):
-        self.cfg, self.backbone, self.augment, self.r = cfg, backbone, augment, r
+@register("layerwise_adapter", needs_backbone=True)
+class LayerwiseAdapter(Method):
+    def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached", r: int = BOTTLENECK):
+        super().__init__(dim, cfg, backbone=backbone, mode=mode)
+        self.augment, self.r = mode == "augment", r
         self.adapted = None  # a Backbone whose model carries the adapters (the original is untouched)
         self.head = CosineHead(2 * dim)  # prototypes of [frozen, adapted]
         self.train_head = None

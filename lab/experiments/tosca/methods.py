@@ -1,77 +1,49 @@
-"""Every method of the class-incremental harness behind one small interface, in one registry.
+"""Every method of the class-incremental harness behind one contract, in one registry.
 
-A method sees the scenario through :class:`ScenarioData` and implements
+Every entry is a class built the same way, ``cls(dim, cfg, *, backbone=None, mode="cached")``,
+and declares its capabilities as registry info (not by name):
+
+* ``routed``         answers with one logit set per task module (TOSCA), to be routed by
+                     :mod:`lab.tosca.routing`; otherwise with a single model (routing 'single')
+* ``needs_backbone`` needs the raw images and the frozen backbone (not only cached features)
+* ``trains``         runs gradient steps (a learning rate and epochs matter)
+
+The instance implements (:class:`Method` holds the defaults)::
 
     learn_task(t, classes, data, on_epoch)  # stage t
-    logits(data, idx) -> [M, n, C]          # test samples idx; M = task modules (TOSCA) or 1
+    logits(data, idx) -> [M, n, C]          # test samples idx; M = task modules (routed) or 1
+    route_context(data, idx) -> RouteContext | None   # what routers may use (routed only)
     task_tensors(t) / restore_task(t, tensors, classes, data)   # save / resume one stage
     trainable_parameters(t) -> int          # trained during stage t
+    head_scale() -> float | None            # the cosine head's σ, where there is one
 
-TOSCA answers with one logit set per task module and is routed (``lab.tosca.routing``); the
-baselines answer with a single model (routing 'single').
+:func:`fit` is the one loop over a scenario's tasks (the run harness adds evaluation and resume).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
-import numpy as np
 import torch
 
-from lab._registry import Registry
-
-from .augment import AugmentedFeatures
-from .baselines import FineTune, Joint, SimpleCIL
-from .layerwise import LayerwiseAdapter
 from lab.tosca.learner import Tosca, ToscaConfig
 
-METHODS = Registry("method")
-MODES = ("cached", "augment")
+from . import baselines as _baselines  # noqa: F401  (registers the baselines)
+from . import layerwise as _layerwise  # noqa: F401  (registers the layer-wise adapter)
+from ._base import METHODS, MODES, Method, ScenarioData, register  # noqa: F401  (the contract)
+from .augment import AugmentedFeatures
 
+@register("tosca", routed=True)
+class ToscaMethod(Method):
+    """TOSCA (lab.tosca.learner): one LuCA per task, routed at test time."""
 
-@dataclass
-class ScenarioData:
-    """Cached features and labels of a scenario (incremental label space), plus what augment mode
-    and the layer-wise baseline need: the raw images and the frozen backbone."""
-
-    train_x: torch.Tensor  # [N, d] float32, frozen-backbone features
-    train_y: torch.Tensor  # [N] int64
-    train_task: torch.Tensor  # [N] int64
-    test_x: torch.Tensor
-    test_y: torch.Tensor
-    test_task: torch.Tensor
-    task_classes: list[list[int]]
-    images: Callable[[str], np.ndarray] | None = None  # split -> uint8 images, same order as the labels
-    backbone: object | None = None  # lab.backbones.Backbone
-
-    @property
-    def dim(self) -> int:
-        return self.train_x.shape[1]
-
-    @property
-    def num_tasks(self) -> int:
-        return len(self.task_classes)
-
-    @classmethod
-    def from_scenario(cls, scn, feats: dict, backbone=None) -> "ScenarioData":
-        return cls(feats["train_x"].float(), feats["train_y"].long(), torch.from_numpy(scn.train_task_ids).long(),
-                   feats["test_x"].float(), feats["test_y"].long(), torch.from_numpy(scn.test_task_ids).long(),
-                   [list(t.classes) for t in scn.tasks], images=scn.images, backbone=backbone)
-
-
-@METHODS.register("tosca", routed=True, needs_backbone=False)
-class ToscaMethod:
-    name = "tosca"
-
-    def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, augment: bool = False):
-        if augment and backbone is None:
+    def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached"):
+        super().__init__(dim, cfg, backbone=backbone, mode=mode)
+        if mode == "augment" and backbone is None:
             raise ValueError("augment mode needs the backbone")
-        self.model, self.cfg, self.backbone, self.augment = Tosca(dim, cfg), cfg, backbone, augment
+        self.model = Tosca(dim, cfg)
 
     def learn_task(self, t, classes, data: ScenarioData, on_epoch=None) -> None:
         m = data.train_task == t
         batch_features = None
-        if self.augment:  # the backbone runs on augmented images every epoch (the reference's setting)
+        if self.mode == "augment":  # the backbone runs on augmented images every epoch (the reference's setting)
             images = data.images("train")[m.numpy()]
             batch_features = AugmentedFeatures(self.backbone, images, seed=self.cfg.seed + 1000 + t,
                                                device=self.cfg.device)
@@ -80,6 +52,9 @@ class ToscaMethod:
 
     def logits(self, data: ScenarioData, idx) -> torch.Tensor:
         return self.model.all_logits(data.test_x[idx]).cpu()
+
+    def route_context(self, data: ScenarioData, idx):
+        return self.model.route_context(data.test_x[idx])
 
     def task_tensors(self, t) -> dict:
         return self.model.task_tensors(t)
@@ -90,24 +65,31 @@ class ToscaMethod:
     def trainable_parameters(self, t) -> int:
         return self.model.trainable_parameters(t)
 
+    def head_scale(self) -> float | None:
+        return self.model.head.scale
 
-METHODS.register("simplecil", routed=False, needs_backbone=False)(SimpleCIL)
-METHODS.register("finetune", routed=False, needs_backbone=False)(FineTune)
-METHODS.register("joint", routed=False, needs_backbone=False)(Joint)
-METHODS.register("layerwise_adapter", routed=False, needs_backbone=True)(LayerwiseAdapter)
+
+_ORDER = ("tosca", "simplecil", "ncm", "fecam", "ranpac", "finetune", "joint", "layerwise_adapter")
 
 
 def list_methods() -> list[str]:
-    return METHODS.names()
+    """Every registered method: TOSCA, the baselines, then any added later (in registration order)."""
+    names = METHODS.names()
+    return sorted(names, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), names.index(n)))
 
 
 def create(name: str, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached"):
-    """Build a method by name; unknown names list the valid ones."""
+    """Build a method by name (every entry the same way); unknown names list the valid ones."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
-    METHODS.check(name)
-    if name == "tosca":
-        return ToscaMethod(dim, cfg, backbone=backbone, augment=mode == "augment")
-    if name == "layerwise_adapter":
-        return LayerwiseAdapter(dim, cfg, backbone, augment=mode == "augment")
-    return METHODS.create(name, dim=dim, cfg=cfg)
+    if METHODS.info(name)["needs_backbone"] and backbone is None:
+        raise ValueError(f"method {name!r} needs the backbone")
+    return METHODS.create(name, dim=dim, cfg=cfg, backbone=backbone, mode=mode)
+
+
+def fit(method, data: ScenarioData, on_epoch=None):
+    """Learn every task of ``data`` in order; returns the method."""
+    for t, classes in enumerate(data.task_classes):
+        method.learn_task(t, classes, data, on_epoch=on_epoch)
+    return method
+

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,46 +25,43 @@ import torch
 
 from lab.tosca import metrics as M
 from lab.tosca.learner import NonFiniteLoss, ToscaConfig, cpu_threads
-from lab.tosca.luca import check_flow
+from lab.tosca.routing import PER_BATCH_ORDER, ROUTERS, ROUTINGS, check_routing, route
+
 from .methods import METHODS, MODES, ScenarioData, create
-from lab.tosca.routing import PER_BATCH_ORDER, ROUTINGS, check_routing, route
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(ToscaConfig):
+    """One scenario run: every :class:`~lab.tosca.learner.ToscaConfig` field (the method's
+    hyper-parameters, inherited) plus what the harness adds (data, method, routing, mode)."""
+
     datasets: tuple[str, ...] = ("fashion_mnist_mini",)  # several = chained (a domain shift)
     backbone: str = "efficientnet_lite0"
     resolution: int | None = None  # None: the backbone's default
     init: int = 0
     inc: int = 2
-    seed: int = 1993  # class order and training, as PILOT
     method: str = "tosca"
-    routing: str = "per-sample"  # the headline routing; TOSCA is evaluated under every routing
+    routing: str = "per-sample"  # the headline routing (lab.tosca.routing's registry)
+    routings: tuple[str, ...] = ROUTINGS  # every routing a routed method is evaluated under (+ the headline)
     mode: str = "cached"
-    epochs: int = 20
-    batch_size: int = 48
-    lr: float = 0.025
-    l1: float = 5e-4
-    ratio: int = 16
-    flow: str = "tosca"
     per_batch_size: int = 48  # the reference protocol's test batch
-    device: str = "cpu"
-    engine: str = "eager"  # ours: 'static' / 'cuda_graph' (see lab/tosca/_graph.py)
-    head_scale_param: str = "positive"  # ours: σ > 0; 'free' = the reference's unconstrained σ
     name: str = ""  # run-dir label; default "<method>-<datasets>-B<init>Inc<inc>-s<seed>"
     weights: str | None = None  # backbone weights file (as $LAB_VIT_B16_WEIGHTS); None: the registry's
+    preprocess: str | None = None  # ViT preprocessing 'reference' | 'timm' (lab.backbones); None: the backbone's
 
     def __post_init__(self):
+        super().__post_init__()  # the method's hyper-parameters
         ds = (self.datasets,) if isinstance(self.datasets, str) else tuple(self.datasets)
         object.__setattr__(self, "datasets", ds)
+        object.__setattr__(self, "routings", tuple(self.routings))
         if not ds:
             raise ValueError("at least one dataset is needed")
         METHODS.check(self.method)
-        check_routing(self.routing)
-        check_flow(self.flow)
+        for r in (self.routing, *self.routings):
+            check_routing(r)
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}")
         if self.per_batch_size < 1:
@@ -73,14 +70,16 @@ class RunConfig:
 
         _validate.seed("seed", self.seed)
         _validate.device("device", self.device)
-        if self.method != "simplecil":  # lr 0 would "train" and report the untrained modules' numbers
+        if METHODS.info(self.method)["trains"]:  # lr 0 would "train" and report the untrained modules' numbers
             _validate.learning_rate("lr", self.lr)
-        self.tosca_config()  # validates epochs, l1, lr, ...
 
     def tosca_config(self) -> ToscaConfig:
-        return ToscaConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, l1=self.l1, ratio=self.ratio,
-                           flow=self.flow, seed=self.seed, device=self.device, engine=self.engine,
-                           head_scale_param=self.head_scale_param)
+        """The method's part of this config."""
+        return ToscaConfig(**{f.name: getattr(self, f.name) for f in fields(ToscaConfig)})
+
+    @property
+    def evaluated_routings(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.routings, self.routing)))
 
     @property
     def label(self) -> str:
@@ -88,10 +87,19 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["datasets"] = list(self.datasets)
-        if d["weights"] is None:  # runs saved before the field existed still resume
-            del d["weights"]
+        d["datasets"], d["routings"] = list(self.datasets), list(self.routings)
+        for k in ("weights", "preprocess"):
+            if d[k] is None:  # runs saved before the field existed still resume
+                del d[k]
         return d
+
+
+def _config_differences(stored: dict, cfg: RunConfig) -> dict:
+    """Fields whose stored value differs; a field missing from an older run's config.json counts
+    as its default."""
+    defaults = RunConfig().to_dict()
+    return {k: (stored.get(k, defaults.get(k)), v) for k, v in cfg.to_dict().items()
+            if stored.get(k, defaults.get(k)) != v}
 
 
 @dataclass
@@ -119,7 +127,8 @@ def _prepare(cfg: RunConfig) -> tuple[object, object]:
     from lab import backbones, data
 
     scn = data.scenario(list(cfg.datasets), init=cfg.init, inc=cfg.inc, seed=cfg.seed)
-    return scn, backbones.load(cfg.backbone, resolution=cfg.resolution, weights=cfg.weights)
+    return scn, backbones.load(cfg.backbone, resolution=cfg.resolution, weights=cfg.weights, device=cfg.device,
+                               preprocess=cfg.preprocess)   # the feature pass runs on cfg.device
 
 
 def _load_data(cfg: RunConfig, progress: bool, prepared=None) -> tuple[ScenarioData, float, object]:
@@ -162,15 +171,17 @@ def _lock(run_dir: Path) -> Path:
     return runs.lock(run_dir)  # stale locks replaced, unreadable ones reported with how to clear them
 
 
-def _evaluate(method, data: ScenarioData, t: int, routed: bool, per_batch_size: int) -> dict:
-    """Accuracy of stage t on every test sample of tasks 0..t, under each routing."""
+def _evaluate(method, data: ScenarioData, t: int, routings, per_batch_size: int) -> dict:
+    """Accuracy of stage t on every test sample of tasks 0..t, under each routing (a method that
+    is not routed: ``routings == ()``, one row 'single')."""
     idx = torch.nonzero(data.test_task <= t).squeeze(1)
     y, task = data.test_y[idx], data.test_task[idx]
     logits = method.logits(data, idx)  # [M, n, C]
+    ctx = method.route_context(data, idx) if routings else None
     out = {}
-    for routing in (ROUTINGS if routed else ("single",)):
-        if routed:
-            r = route(logits, routing, task_ids=task, labels=y, batch_size=per_batch_size)
+    for routing in (routings or ("single",)):
+        if routings:
+            r = route(logits, routing, ctx, task_ids=task, labels=y, batch_size=per_batch_size)
             preds, racc, bs, order = r.preds, r.routing_accuracy, r.batch_size, r.order
         else:
             preds, racc, bs, order = logits[0].argmax(-1), float("nan"), None, None
@@ -193,8 +204,8 @@ def run(cfg: RunConfig, *, runs_root=None, resume=None, progress: bool = True,
     if resume is not None:
         run_dir = Path(resume)
         stored = _io.read_json(run_dir / "config.json")
-        if stored != cfg.to_dict():
-            diff = {k: (stored.get(k), v) for k, v in cfg.to_dict().items() if stored.get(k) != v}
+        diff = _config_differences(stored, cfg)
+        if diff:
             raise ValueError(f"cannot resume {run_dir}: its config differs (stored, given): {diff}")
     else:
         runs.check_root("tosca", runs_root)
@@ -204,7 +215,7 @@ def run(cfg: RunConfig, *, runs_root=None, resume=None, progress: bool = True,
         _io.write_json(run_dir / "config.json", cfg.to_dict())
     lock = _lock(run_dir)
     try:
-        return _run(cfg, run_dir, data, progress, info_m["routed"], prepared)
+        return _run(cfg, run_dir, data, progress, cfg.evaluated_routings if info_m["routed"] else (), prepared)
     except NonFiniteLoss as exc:  # the finished tasks stay resumable; the failure is recorded
         _io.write_json(run_dir / "error.json", {"error": str(exc), "type": type(exc).__name__})
         raise
@@ -212,7 +223,7 @@ def run(cfg: RunConfig, *, runs_root=None, resume=None, progress: bool = True,
         lock.unlink(missing_ok=True)
 
 
-def _run(cfg, run_dir, data, progress, routed, prepared=None) -> RunResult:
+def _run(cfg, run_dir, data, progress, routings, prepared=None) -> RunResult:
     from tqdm.auto import tqdm
 
     from lab import _io
@@ -238,7 +249,7 @@ def _run(cfg, run_dir, data, progress, routed, prepared=None) -> RunResult:
                 continue
             except _io.CorruptFile as exc:
                 warnings.warn(f"resume: {exc}; retraining from task {t}")
-        ebar = tqdm(total=cfg.epochs if cfg.method != "simplecil" else 0, desc=f"task {t} epochs",
+        ebar = tqdm(total=cfg.epochs if METHODS.info(cfg.method)["trains"] else 0, desc=f"task {t} epochs",
                     leave=False, disable=not progress)
         log = []
 
@@ -250,14 +261,13 @@ def _run(cfg, run_dir, data, progress, routed, prepared=None) -> RunResult:
         t0 = time.perf_counter()
         method.learn_task(t, classes, data, on_epoch=on_epoch)
         t1 = time.perf_counter()
-        with cpu_threads(cfg.tosca_config().threads if cfg.device == "cpu" else 0):  # small ops: see ToscaConfig
-            ev = _evaluate(method, data, t, routed, cfg.per_batch_size)
+        with cpu_threads(cfg.threads if cfg.device == "cpu" else 0):  # small ops: see ToscaConfig
+            ev = _evaluate(method, data, t, routings, cfg.per_batch_size)
         t2 = time.perf_counter()
         ebar.close()
-        head = getattr(getattr(method, "model", None), "head", None)
         stage = {"task": t, "classes": classes, "train_seconds": t1 - t0, "eval_seconds": t2 - t1,
                  "trainable_params": method.trainable_parameters(t), "eval": ev, "epochs": log,
-                 "head_scale": head.scale if head is not None else None,
+                 "head_scale": method.head_scale(),
                  "n_train": int((data.train_task == t).sum()), "n_test": int((data.test_task == t).sum())}
         _io.save_tensors(mfile, method.task_tensors(t), {"task": str(t), "method": cfg.method,
                                                          "classes": json.dumps(classes),
@@ -276,7 +286,7 @@ def _finish(cfg, run_dir, data, method, stages, epochs, t_extract) -> RunResult:
 
     from lab import _io, runs
 
-    routings = [r for r in (*ROUTINGS, "single") if r in stages[0]["eval"]]  # JSON sorted the keys
+    routings = [r for r in (*ROUTERS.names(), "single") if r in stages[0]["eval"]]  # JSON sorted the keys
     stage_rows, matrix_rows, summary_rows = [], [], []
     for r in routings:
         col = [s["eval"][r]["column"] for s in stages]
