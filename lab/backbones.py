@@ -22,9 +22,9 @@ Preprocessing (``preprocess=``, CLI ``--preprocess``) on the ViT path:
 ``reference`` (default)  the TOSCA reference's evaluation transform for its ViT benchmarks
                         (PILOT ``utils/data.py``): ``Resize(256, bicubic)`` + ``CenterCrop(224)`` +
                         ``ToTensor`` and NO ``Normalize``: pixels stay in [0, 1]. At another
-                        resolution R the short side goes to round(R·256/224). Done on the tensor's
-                        device; PyTorch's bicubic (a = -0.75) differs slightly from PIL's (a = -0.5),
-                        values are clamped and rounded to 1/255 as ``ToTensor`` of PIL's uint8 output.
+                        resolution R the short side goes to round(R·256/224). Computed on the
+                        tensor's device with PIL's bicubic written as matrices (within 1/255 of
+                        torchvision's PIL path; tests/test_standins.py checks it).
 ``timm``                 straight resize to R (bilinear) and timm's mean/std 0.5 normalisation.
 
 EfficientNet-Lite0 has one preprocessing, its package's: x = (pixel - 127) / 128.
@@ -33,6 +33,7 @@ Devices: ``load(..., device=)`` or ``Backbone.to``; inputs follow the model to i
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import operator
@@ -281,18 +282,55 @@ def _finish(name, model, resolution, weights_id, untrained, mean, std, kind, tra
 
 
 def _reference_transform(x, resolution: int):
-    """Resize(short side round(R·256/224), bicubic) + CenterCrop(R), on x's device; x [N,3,H,W] in
-    [0,1] -> [N,3,R,R] in [0,1] (clamped and rounded to 1/255, as ToTensor of PIL's uint8 output)."""
-    import torch.nn.functional as F
+    """Resize(short side round(R·256/224), bicubic) + CenterCrop(R) as PIL computes them, on x's
+    device: x [N,3,H,W] in [0,1] -> [N,3,R,R], rounded to 1/255 as ToTensor of PIL's uint8 output.
+
+    PIL's bicubic (a = -0.5, its kernel widened by the scale when shrinking) is written as two
+    resampling matrices, only the rows inside the crop kept: y = Wh · q(x · Wwᵀ), q rounding to
+    8 bits between the horizontal and the vertical pass as PIL does (two small matmuls).
+    PyTorch's own bicubic uses a = -0.75 and differs from PIL by up to 0.11 on 32 px CIFAR images.
+    """
+    import torch
 
     h, w = x.shape[-2:]
     short = round(resolution * 256 / 224)
     size = (short, int(short * w / h)) if h <= w else (int(short * h / w), short)  # torchvision's Resize(int)
-    if (h, w) != size:
-        x = F.interpolate(x, size=size, mode="bicubic", align_corners=False, antialias=min(h, w) > short)
-        x = x.clamp_(0, 1).mul_(255).round_().div_(255)
     top, left = int(round((size[0] - resolution) / 2.0)), int(round((size[1] - resolution) / 2.0))
-    return x[..., top:top + resolution, left:left + resolution]
+    if (h, w) == size:
+        return x[..., top:top + resolution, left:left + resolution]
+    wh = _pil_bicubic(h, size[0], top, resolution).to(x.device)    # [R, H]
+    ww = _pil_bicubic(w, size[1], left, resolution).to(x.device)   # [R, W]
+    y = torch.matmul(x.float(), ww.T).clamp_(0, 1).mul_(255).round_().div_(255)  # horizontal pass, 8-bit as PIL
+    return torch.matmul(wh, y).clamp_(0, 1).mul_(255).round_().div_(255)           # then vertical: [N, 3, R, R]
+
+
+@functools.lru_cache(maxsize=32)
+def _pil_bicubic(n_in: int, n_out: int, first: int, count: int):
+    """Rows first..first+count of PIL's bicubic resampling matrix [n_out, n_in] (Pillow's
+    ``precompute_coeffs`` in ``Resample.c``, in float)."""
+    import math
+
+    import torch
+
+    def cubic(t: float, a: float = -0.5) -> float:
+        t = abs(t)
+        if t < 1:
+            return ((a + 2) * t - (a + 3)) * t * t + 1
+        if t < 2:
+            return (((t - 5) * t + 8) * t - 4) * a
+        return 0.0
+
+    scale = n_in / n_out
+    fscale = max(scale, 1.0)
+    support = 2.0 * fscale
+    m = torch.zeros(count, n_in, dtype=torch.float64)
+    for r, i in enumerate(range(first, first + count)):
+        center = (i + 0.5) * scale
+        lo, hi = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), n_in)
+        ws = [cubic((j - center + 0.5) / fscale) for j in range(lo, hi)]
+        total = math.fsum(ws)
+        m[r, lo:hi] = torch.tensor([v / total for v in ws], dtype=torch.float64)
+    return m.float()
 
 
 # --- efficientnet_lite0 ----------------------------------------------------------------------
