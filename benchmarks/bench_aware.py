@@ -101,14 +101,15 @@ def main(argv=None) -> dict:
     import transformers
 
     from lab import runs
-    from lab.aware import tasks
+    from lab.experiments.aware import tasks
     from lab.aware.config import AwareConfig
-    from lab.aware.continual import calibration_batches
-    from lab.aware.finetune import MethodSpec, TrainConfig, iterate, prepare
-    from lab.aware.minillava import MiniLlava, load_language_model
-    from lab.aware.prompts import ChatEncoder
+    from lab.aware.methods import MethodSpec, prepare
+    from lab.experiments.aware.finetune import TrainConfig, iterate
+    from lab.experiments.aware.minillava import MiniLlava, load_language_model
+    from lab.experiments.aware.profiling import calibration_batches
+    from lab.experiments.aware.prompts import ChatEncoder
     from lab.aware.saliency import profile
-    from lab.aware.scoring import answer_loss
+    from lab.experiments.aware.scoring import answer_loss
 
     transformers.logging.set_verbosity_error()
     load = os.getloadavg()[0]
@@ -137,7 +138,7 @@ def main(argv=None) -> dict:
                      "lora_rank": info.get("lora_rank")}
         del model, groups
     # the row-frozen layer against its earlier two-parameter form: same masks, steps interleaved
-    from lab.aware.finetune import _groups
+    from lab.aware.methods import param_groups as _groups
 
     aware_spec = MethodSpec("aware", AwareConfig(rho=0.3))
     new, new_groups, _ = prepare(copy.deepcopy(base), aware_spec, cfg, saliency=sal)

@@ -17,7 +17,7 @@ import re
 import shlex
 import sys
 
-_PLUGINS = ("lab.experiments.tosca.cli", "lab.aware.cli", "lab.report", "lab.jupyter")
+_PLUGINS = ("lab.experiments.tosca.cli", "lab.experiments.aware.cli", "lab.report", "lab.jupyter")
 
 
 class Parser(argparse.ArgumentParser):

@@ -279,7 +279,7 @@ def warm():
     import papermill  # noqa: F401
     import torch  # noqa: F401
 
-    from lab.aware.config import mini_llava_skeleton
+    from lab.experiments.aware.checks import mini_llava_skeleton
 
     mini_llava_skeleton()
 

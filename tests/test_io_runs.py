@@ -125,8 +125,8 @@ def test_learning_rate_accepts_only_finite_positive_numbers(value):
 
 
 def test_learning_rate_is_one_check_for_trainconfig_and_tune_grids():
-    from lab.aware.finetune import TrainConfig
-    from lab.aware.tune import check_grids
+    from lab.experiments.aware.finetune import TrainConfig
+    from lab.experiments.aware.tune import check_grids
 
     for bad in (float("nan"), float("inf"), 0.0):
         with pytest.raises(ValueError, match="must be a finite number > 0"):

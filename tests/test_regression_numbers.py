@@ -110,12 +110,13 @@ def compute_tosca_real(runs_root) -> dict:
 
 def compute_aware() -> dict:
     from lab.aware.config import AwareConfig
-    from lab.aware.continual import calibration_batches
-    from lab.aware.finetune import METHODS, MethodSpec, TrainConfig, evaluate, finish, iterate, prepare, train
-    from lab.aware.prompts import ChatEncoder
+    from lab.experiments.aware.profiling import calibration_batches
+    from lab.aware.methods import MethodSpec, finish, method_names, prepare
+    from lab.experiments.aware.finetune import TrainConfig, evaluate, iterate, train
+    from lab.experiments.aware.prompts import ChatEncoder
     from lab.aware.saliency import profile
-    from lab.aware.tasks import QASet
-    from lab.aware.tiny import tiny_minillava, tiny_tokenizer
+    from lab.experiments.aware.tasks import QASet
+    from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
 
     colors = ("red", "blue", "dark green", "teal blue green")
     questions = ("what color is the shape ?", "which color ?")
@@ -134,11 +135,11 @@ def compute_aware() -> dict:
     base = tiny_minillava(tok, 8, seed=0)
     sal = profile(base, calibration_batches(calib_qa, enc, 4), targets=aware.targets, progress=False)
     out["saliency"] = {n: [float(s.sum()), float(s.max())] for n, s in sorted(sal.scores.items())}
-    for method in METHODS:
+    for method in method_names():
         model = tiny_minillava(tok, 8, seed=0)
         model, groups, info = prepare(model, MethodSpec(method, aware), cfg, saliency=sal)
         log = train(model, groups, train_qa, enc, cfg, progress=False)
-        model = finish(model)
+        model = finish(model, method)
         res = evaluate(model, test_qa, enc, batch_size=6)
         with torch.no_grad():
             logits = model(**next(iterate(test_qa, enc, 6, answers=False))).logits
@@ -153,7 +154,7 @@ def compute_aware() -> dict:
 
 def compute_continual_summary() -> dict:
     """AWARe's continual summary on a fixed set of rows (reports show these numbers)."""
-    from lab.aware.continual import summarise
+    from lab.experiments.aware.continual import summarise
 
     order = ("a", "b", "c")
     acc = {(0, "a"): 0.6, (1, "a"): 0.5, (1, "b"): 0.7, (2, "a"): 0.45, (2, "b"): 0.65, (2, "c"): 0.8}

@@ -1,13 +1,17 @@
 """The AWARe notebooks' panels, driven without a browser: set a control, check the outputs move."""
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 pytest.importorskip("ipywidgets")
 
-from lab.aware import views  # noqa: E402
+from lab.experiments.aware import tables  # noqa: E402
 from lab.widgets.aware import AblationPanel, MaskPanel  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent / "experiments" / "aware"))   # the views tests' hand-made inputs
 from test_aware_views import results_table, study  # noqa: E402
 from test_widgets_vision import shown  # noqa: E402
 
@@ -28,7 +32,7 @@ def test_mask_panel_reselects_live_from_saved_saliency():
     assert p.result["overlap_with_reference"] < 1.0
 
     p.controls["rule"].value = "activation-balanced"          # the same fraction in every layer
-    ft = views.frozen_table(p.result["masks"])
+    ft = tables.frozen_table(p.result["masks"])
     assert np.allclose(ft.fraction, np.round(0.6 * ft.rows) / ft.rows)
 
     p.controls["rule"].value = "random"                        # seeded: the same draw twice
@@ -94,7 +98,7 @@ def test_ablation_panel_reselects_masks_live_on_the_runs_saliency(tmp_path):
     assert "rho=0.5" in shown(p)[1][0] and shown(p)[1][1][0]["y"] != first[1][1][0]["y"]
     assert "not fine-tuned in this run" in p.status.value
     p.controls["rule"].value = "activation-balanced"                # the same fraction in every layer
-    ft = views.frozen_table(p.result["masks"])
+    ft = tables.frozen_table(p.result["masks"])
     assert np.allclose(ft.fraction, np.round(0.5 * ft.rows) / ft.rows)
     p.controls["targets"].value = "qkv"
     assert "projector" not in p.result["by_target"] and "qkv, calibration" in shown(p)[1][0]

@@ -1,6 +1,6 @@
 """AWARe — Activation-Weighted Adaptive REtention (Liao et al., EMNLP 2026; docs/aware.md).
 
-Generic core, usable on any torch model (a hub LLaVA as well as the offline mini-LLaVA)::
+The method alone, usable on any torch model (a hub LLaVA as well as the offline mini-LLaVA)::
 
     from lab import aware
     sal = aware.profile(model, calibration_batches, targets="qkv+projector")   # phase 1
@@ -9,18 +9,20 @@ Generic core, usable on any torch model (a hub LLaVA as well as the offline mini
     ...train with any optimizer over the params that require grad...
     aware.merge(model)                            # a standard model again
 
-One concept per file: ``targets`` (which layers), ``saliency`` (profiling), ``masking`` (the masking
-rule), ``freeze`` (row split / merge), ``metrics`` (R, E, H, continual), ``minillava`` (offline
-model), ``tasks`` (upstream / downstream / validation data), ``finetune`` (one harness for all methods),
-``tune`` (learning rates on validation questions), ``ablate`` (sweeps), ``views`` /
-``ablation_views`` (notebook tables and figures), ``cli`` (``lab aware ...``). Heavy imports happen on first use.
+One concept per file: ``targets`` (which layers), ``saliency`` (the profiler), ``masking`` (the
+selection rules, a registry), ``freeze`` (row split / merge), ``metrics`` (R, E, H, continual),
+``config`` (what to freeze), ``methods`` (the fine-tuning methods compared, a registry).
+The experiments built on it — the offline mini-LLaVA, its tasks, the training harness, sweeps,
+views and ``lab aware ...`` — live in :mod:`lab.experiments.aware`. Heavy imports happen on first use.
 """
 from __future__ import annotations
 
 import importlib
 
 _LAZY = {
-    "AwareConfig": "lab.aware.config", "RULES": "lab.aware.config",
+    "AwareConfig": "lab.aware.config", "RULES": "lab.aware.masking", "register_rule": "lab.aware.masking",
+    "METHODS": "lab.aware.methods", "register_method": "lab.aware.methods", "MethodSpec": "lab.aware.methods",
+    "prepare": "lab.aware.methods", "finish": "lab.aware.methods",
     "TARGET_PRESETS": "lab.aware.targets", "find_targets": "lab.aware.targets",
     "profile": "lab.aware.saliency", "Saliency": "lab.aware.saliency",
     "select": "lab.aware.masking", "frozen_fraction": "lab.aware.masking",

@@ -1,7 +1,15 @@
 """The masking rule: which output neurons (rows of W) AWARe keeps frozen (docs/aware.md, "Phase 2").
 
 ``select(scores, rho, rule)`` returns ``{layer name: BoolTensor[d_out]}`` with ``True`` for a
-*retained* (frozen) row. Rules:
+*retained* (frozen) row. Rules are entries of :data:`RULES`, one contract each::
+
+    @register_rule("my-rule", saliency=False)
+    def my_rule(scores, rho, *, weights, seed) -> {name: BoolTensor[d_out]}   # True = frozen row
+
+``scores`` (``{name: Tensor[d_out]}``, the profiler's) fix the layers and their sizes; ``rho`` is
+the fraction of rows to freeze (checked in [0, 1]); ``weights`` maps the same names to the Linear
+layers (rules that rank by weights need it); ``saliency=True`` says the rule ranks by activation saliency (so a
+profile must be computed first). The built-in rules:
 
 - ``activation-global`` (default, reference ``global_highest``): top-``rho`` fraction of all
   target rows together, ranked by activation saliency.
@@ -12,13 +20,44 @@
 """
 from __future__ import annotations
 
-from typing import Mapping
+import math
+from typing import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
 
-from lab.aware.config import check_rho, check_rule
+from lab._registry import Registry
 from lab.aware.targets import is_projector
+
+RULES = Registry("selection rule")
+Rule = Callable[..., "dict[str, Tensor]"]
+
+
+def register_rule(name: str, *, saliency: bool) -> Callable[[Rule], Rule]:
+    """Record a selection rule; ``saliency``: whether it ranks by an activation profile."""
+    return RULES.register(name, saliency=saliency)
+
+
+def rule_names() -> tuple[str, ...]:
+    return tuple(RULES.names())
+
+
+def needs_saliency(rule: str) -> bool:
+    """Whether ``rule`` ranks by activation saliency (a profile must be computed before it runs)."""
+    return bool(RULES.info(check_rule(rule))["saliency"])
+
+
+def check_rho(rho: float) -> float:
+    """The retention ratio must be a real number in [0, 1]."""
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or math.isnan(rho) or not 0 <= rho <= 1:
+        raise ValueError(f"retention ratio rho must be a number in [0, 1], got {rho!r}")
+    return float(rho)
+
+
+def check_rule(rule: str) -> str:
+    if rule not in RULES:
+        raise ValueError(f"unknown selection rule {rule!r}; choose one of {list(RULES.names())}")
+    return rule
 
 
 def row_norms(layers: Mapping[str, nn.Module]) -> dict[str, Tensor]:
@@ -45,6 +84,37 @@ def _top_global(scores: Mapping[str, Tensor], k: int) -> dict[str, Tensor]:
     return out
 
 
+def _count(scores: Mapping[str, Tensor], rho: float) -> int:
+    """``round(rho * all rows)``: how many rows a global rule freezes."""
+    return round(rho * sum(int(v.numel()) for v in scores.values()))
+
+
+@register_rule("activation-global", saliency=True)
+def _activation_global(scores, rho, *, weights=None, seed=0):
+    return _top_global(scores, _count(scores, rho))
+
+
+@register_rule("activation-balanced", saliency=True)
+def _activation_balanced(scores, rho, *, weights=None, seed=0):
+    return {n: _top_global({n: v}, round(rho * v.numel()))[n] for n, v in scores.items()}
+
+
+@register_rule("weight-norm", saliency=False)
+def _weight_norm(scores, rho, *, weights=None, seed=0):
+    if weights is None:
+        raise ValueError("rule 'weight-norm' needs weights={name: Linear}")
+    missing = set(scores) - set(weights)
+    if missing:
+        raise ValueError(f"weights missing for layers: {sorted(missing)[:5]}")
+    return _top_global(row_norms({n: weights[n] for n in scores}), _count(scores, rho))
+
+
+@register_rule("random", saliency=False)
+def _random(scores, rho, *, weights=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return _top_global({n: torch.rand(v.numel(), generator=g) for n, v in scores.items()}, _count(scores, rho))
+
+
 def select(scores: Mapping[str, Tensor], rho: float, rule: str = "activation-global", *,
            weights: Mapping[str, nn.Module] | None = None, seed: int = 0) -> dict[str, Tensor]:
     """Choose the frozen rows. ``scores`` are saliency vectors from ``profile`` (their keys and
@@ -53,21 +123,7 @@ def select(scores: Mapping[str, Tensor], rho: float, rule: str = "activation-glo
     rho, rule = check_rho(rho), check_rule(rule)
     if not scores:
         raise ValueError("no layers to select from: the saliency dict is empty")
-    sizes = {n: int(v.numel()) for n, v in scores.items()}
-    total = sum(sizes.values())
-    if rule == "activation-balanced":
-        return {n: _top_global({n: v}, round(rho * sizes[n]))[n] for n, v in scores.items()}
-    if rule == "weight-norm":
-        if weights is None:
-            raise ValueError("rule 'weight-norm' needs weights={name: Linear}")
-        missing = set(scores) - set(weights)
-        if missing:
-            raise ValueError(f"weights missing for layers: {sorted(missing)[:5]}")
-        return _top_global(row_norms({n: weights[n] for n in scores}), round(rho * total))
-    if rule == "random":
-        g = torch.Generator().manual_seed(seed)
-        return _top_global({n: torch.rand(s, generator=g) for n, s in sizes.items()}, round(rho * total))
-    return _top_global(scores, round(rho * total))
+    return RULES.get(rule)(scores, rho, weights=weights, seed=seed)
 
 
 def frozen_fraction(masks: Mapping[str, Tensor]) -> float:

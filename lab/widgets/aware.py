@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from lab.widgets import Panel
 
-RULES = ("activation-global", "activation-balanced", "weight-norm", "random")
 TARGET_SETS = ("qkv+projector", "qkv", "qkv+projector+mlp")
 
 
 class MaskPanel(Panel):
-    """``study``: a :class:`lab.aware.views.Study`. The reference selection (for the overlap read-out)
+    """``study``: a :class:`lab.experiments.aware.study.Study`. The reference selection (for the overlap read-out)
     is the paper's setting: rho=0.3, activation-global, q/k/v+projector, first calibration profile."""
 
     title = "Re-select AWARe's frozen rows: rho, rule, calibration set, targets"
@@ -24,7 +23,8 @@ class MaskPanel(Panel):
                  targets: str = "qkv+projector", show: str = "q_proj", layer: int = 0, seed: int = 0):
         import ipywidgets as w
 
-        from lab.aware.views import layer_table
+        from lab.aware.masking import rule_names
+        from lab.experiments.aware.tables import layer_table
 
         self.study, self.seed = study, seed
         profile = profile or study.labels[0]
@@ -35,7 +35,7 @@ class MaskPanel(Panel):
         n_layers = int(self._layers[self._layers.target == show].layer.max()) if show in shows else 0
         super().__init__({
             "rho": w.FloatSlider(value=rho, min=0.0, max=1.0, step=0.05, description="rho", continuous_update=False),
-            "rule": w.Dropdown(options=RULES, value=rule, description="rule"),
+            "rule": w.Dropdown(options=rule_names(), value=rule, description="rule"),
             "profile": w.Dropdown(options=study.labels, value=profile, description="calibration"),
             "targets": w.Dropdown(options=sets, value=targets, description="targets"),
             "show": w.Dropdown(options=shows, value=show, description="show"),
@@ -43,27 +43,27 @@ class MaskPanel(Panel):
         })
 
     def compute(self, rho, rule, profile, targets, show, layer):
-        from lab.aware import views
         from lab.aware.masking import frozen_fraction
+        from lab.experiments.aware import figures, tables
         from lab.aware.metrics import mask_overlap
 
         masks = self.study.select(profile, rho, rule, targets, seed=self.seed)
-        by_target = views.frozen_by_target({"frozen": masks})["frozen"]
+        by_target = tables.frozen_by_target({"frozen": masks})["frozen"]
         common = {n: m for n, m in masks.items() if n in self.reference}
         result = {"rho": float(rho), "rule": rule, "profile": profile, "targets": targets, "show": show,
                   "layer": int(layer), "masks": masks, "frozen_fraction": frozen_fraction(masks),
                   "by_target": by_target.to_dict(),
                   "overlap_with_reference": mask_overlap(self.reference, common)["jaccard"] if common else float("nan")}
-        figs = [views.frozen_by_layer({f"{rule}, rho={rho:g}": masks},
-                                      targets=[t for t in views.MAIN_TARGETS + ("gate_proj", "up_proj", "down_proj")],
+        figs = [figures.frozen_by_layer({f"{rule}, rho={rho:g}": masks},
+                                      targets=[t for t in tables.MAIN_TARGETS + ("gate_proj", "up_proj", "down_proj")],
                                       title=f"frozen fraction of every layer ({rule}, rho={rho:g}, {targets}, {profile})")]
         rows = self._layers[(self._layers.target == show) & (self._layers.layer == layer)]
-        if show in views.layer_table(masks).target.values:
-            figs.append(views.mask_image(masks, show, title=f"{show}: frozen rows (red), layer x neuron"))
+        if show in tables.layer_table(masks).target.values:
+            figs.append(figures.mask_image(masks, show, title=f"{show}: frozen rows (red), layer x neuron"))
         if len(rows):
             name = rows.name.iloc[0]
             scores = self.study.profiles[profile]
-            figs.append(views.layer_profile(scores, name, masks.get(name),
+            figs.append(figures.layer_profile(scores, name, masks.get(name),
                                             title=f"{show}, layer {layer}: neurons by saliency"
                                                   + (" (red = frozen)" if name in masks else " (not a target here)")))
             result["layer_frozen"] = float(masks[name].float().mean()) if name in masks else 0.0
@@ -76,9 +76,9 @@ class MaskPanel(Panel):
 
 
 class AblationPanel(Panel):
-    """``results``: the tidy table of :func:`lab.aware.ablate.sweep` (or a saved run's).
+    """``results``: the tidy table of :func:`lab.experiments.aware.ablate.sweep` (or a saved run's).
 
-    With ``study`` (a :class:`lab.aware.views.Study`, e.g. the run's stored saliency via
+    With ``study`` (a :class:`lab.experiments.aware.study.Study`, e.g. the run's stored saliency via
     :meth:`from_run`) the panel also re-selects AWARe's frozen rows live — selection rule, rho,
     targets and calibration set — on that saliency (milliseconds, no model pass, no fine-tuning):
     what each setting would freeze, layer by layer, next to what the run measured for it.
@@ -101,8 +101,10 @@ class AblationPanel(Panel):
         if study is not None:
             import torch
 
+            from lab.aware.masking import rule_names
+
             has_norms = not any(bool(torch.isnan(v).any()) for v in study.norms.values())
-            rules = [r for r in RULES if r != "weight-norm" or has_norms]  # weight norms need the model's rows
+            rules = [r for r in rule_names() if r != "weight-norm" or has_norms]  # weight norms need the model's rows
             sets = [t for t in TARGET_SETS if study.layers(t)]
             controls.update({
                 "rule": w.Dropdown(options=rules, value=rule, description="rule"),
@@ -115,11 +117,11 @@ class AblationPanel(Panel):
 
     @classmethod
     def from_run(cls, run: dict, **kw) -> "AblationPanel":
-        """The panel for a run of :func:`lab.aware.views.run_sweep` / ``load_run``: its results
+        """The panel for a run of :func:`lab.experiments.aware.ablation_views.run_sweep` / ``load_run``: its results
         table and, when the run folder holds saliency profiles, live mask re-selection on them."""
         from pathlib import Path
 
-        from lab.aware.views import Study
+        from lab.experiments.aware.study import Study
 
         folder = Path(run.get("run_dir") or "")
         study = Study.load(folder) if folder.is_dir() and any(folder.glob("saliency_*.safetensors")) else None
@@ -127,7 +129,7 @@ class AblationPanel(Panel):
 
     def compute(self, group, metric, rule=None, rho=None, targets=None, profile=None):
         from lab import plots
-        from lab.aware.views import summary
+        from lab.experiments.aware.ablation_views import summary
 
         s = summary(self.results, group)
         pct = metric in ("R", "E", "H")
@@ -140,15 +142,15 @@ class AblationPanel(Panel):
                   "best_value": float(best[metric])}
         figs = [fig]
         if self.study is not None:
-            from lab.aware import views
             from lab.aware.masking import frozen_fraction
+            from lab.experiments.aware import figures, tables
 
             masks = self.study.select(profile, rho, rule, targets, seed=self.seed)
-            by_target = views.frozen_by_target({"frozen": masks})["frozen"]
+            by_target = tables.frozen_by_target({"frozen": masks})["frozen"]
             result.update({"rule": rule, "rho": float(rho), "targets": targets, "profile": profile, "masks": masks,
                            "frozen_fraction": frozen_fraction(masks), "by_target": by_target.to_dict(),
                            "measured": self._measured(rule, rho, targets, profile)})
-            figs.append(views.frozen_by_layer({f"{rule}, rho={rho:g}": masks}, targets=list(views.ALL_TARGETS),
+            figs.append(figures.frozen_by_layer({f"{rule}, rho={rho:g}": masks}, targets=list(tables.ALL_TARGETS),
                                               title=f"frozen fraction per layer: {rule}, rho={rho:g}, {targets}, "
                                                     f"calibration {profile}"))
         return result, figs

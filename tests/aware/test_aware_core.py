@@ -121,7 +121,7 @@ def test_select_global_balanced_extremes():
     assert m["a"].tolist() == [True, False, True, False] and m["b"].tolist() == [True, False]
     assert not any(v.any() for v in select(SCORES, 0.0).values())
     assert all(v.all() for v in select(SCORES, 1.0).values())
-    for rule in aware.RULES:
+    for rule in aware.RULES.names():
         kw = {"weights": {"a": nn.Linear(3, 4), "b": nn.Linear(3, 2)}} if rule == "weight-norm" else {}
         assert frozen_fraction(select(SCORES, 0.0, rule, **kw)) == 0.0
         assert frozen_fraction(select(SCORES, 1.0, rule, **kw)) == 1.0

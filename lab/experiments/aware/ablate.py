@@ -16,68 +16,25 @@ from __future__ import annotations
 import copy
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import torch
 
 from lab.aware import metrics as M
-from lab.aware.config import AwareConfig, check_rho
-from lab.aware.finetune import MethodSpec, TrainConfig, evaluate, finish, prepare, train
-from lab.aware.saliency import Saliency, profile
-from lab.aware.tasks import Task
-from lab.aware.upstream import AlignConfig
-
-
-@dataclass(frozen=True)
-class Size:
-    """How big every part of the sweep is. ``default``, one seed, measured on 2 idle CPU cores:
-    ~22 min (18 runs of 24 steps ~16 min, of which evaluation ~19 s per run; continual sequence
-    ~4 min; profiling ~1 min); each extra seed adds ~16 min (3 seeds: 55 min, measured). The
-    learning rates (``TrainConfig``) were chosen on validation questions at the default's 24 steps
-    x 8; at another size, choose them again first: ``lab aware tune --size large``."""
-
-    n_align: int = 4000            # easy-VQA train questions for projector alignment
-    align: AlignConfig = AlignConfig()
-    n_easy_eval: int = 100         # easy-VQA test questions (fixed subset)
-    n_probe: int = 100             # general-knowledge probe questions (all 100 by default)
-    n_train: int = 1000            # downstream train pool per task
-    n_eval: int = 100              # downstream test questions per task (fixed subset)
-    train: TrainConfig = TrainConfig(steps=24, batch_size=8)
-    methods: tuple[str, ...] = ("zero-shot", "full", "lora", "dora", "aware")  # full and aware always run
-    rules: tuple[str, ...] = ("activation-balanced", "weight-norm", "random")   # vs activation-global
-    n_calib: int = 200
-    calib_sizes: tuple[int, ...] = (16, 64)
-    rhos: tuple[float, ...] = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
-    seeds: tuple[int, ...] = (0,)
-    continual_steps: int = 16      # training steps per continual stage
-    n_continual_eval: int = 60
-    continual_calib: int = 64      # upstream calibration samples AWARe re-profiles on before each stage
-    continual_methods: tuple[str, ...] = ("full", "aware")
-    exact: bool = False            # greedy exact match on the probe after every run (slower)
-    grid: int = 2                  # visual tokens per side
-    eval_batch: int = 50
-
-
-SIZES = {
-    "smoke": Size(n_align=64, align=AlignConfig(steps=2, batch_size=4), n_easy_eval=16, n_probe=16, n_train=32, n_eval=16,
-                  train=TrainConfig(steps=2, batch_size=4), n_calib=8, calib_sizes=(4,), rhos=(0.0, 0.3),
-                  continual_steps=1, n_continual_eval=8, eval_batch=16),
-    "default": Size(),
-    "large": Size(n_align=20000, align=AlignConfig(steps=1200, batch_size=32), n_easy_eval=1000, n_train=4000,
-                  n_eval=1000, train=TrainConfig(steps=200, batch_size=16), seeds=(0, 1, 2),
-                  continual_steps=150, n_continual_eval=500, continual_methods=("full", "lora", "aware"),
-                  exact=True),
-}
-MAIN = AwareConfig(rho=0.3, rule="activation-global", targets="qkv+projector")
-METHODS = ("zero-shot", "full", "lora", "dora", "aware")
+from lab.aware.masking import check_rho, needs_saliency, select
+from lab.aware.methods import MethodSpec, finish, method_names, prepare, uses_saliency
+from lab.aware.saliency import Saliency
+from lab.experiments.aware.context import MAIN, Context, Size, setup, upstream
+from lab.experiments.aware.finetune import TrainConfig, evaluate, train
 
 
 def tasks_for(groups, task: str, order: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """The downstream tasks a sweep of ``groups`` (None: all) on ``task`` needs: the continual
     sequence needs every task of its ``order``."""
-    from lab.aware.continual import ORDER
+    from lab.experiments.aware.continual import ORDER
 
     seq = tuple(order or ORDER) if groups is None or "continual" in groups else ()
     return tuple(dict.fromkeys([task, *seq]))
@@ -85,20 +42,29 @@ def tasks_for(groups, task: str, order: tuple[str, ...] | None = None) -> tuple[
 
 @dataclass(frozen=True)
 class Variant:
+    """One run of the sweep: a method spec, the calibration set its saliency comes from, and
+    (``train``) the recipe when it differs from the size's (``lab aware tune`` passes each
+    candidate learning rate this way)."""
+
     group: str
     label: str
     spec: MethodSpec
     calib: str = "upstream"
     calib_n: int | None = None      # None: Size.n_calib
+    train: TrainConfig | None = None   # None: Size.train
+
+    def calib_key(self, size: Size) -> tuple[str, int]:
+        return self.calib, self.calib_n or size.n_calib
 
 
 def variants(size: Size) -> list[Variant]:
     """The sweep, main AWARe first after the baselines (it is shared by every ablation group)."""
-    unknown = set(size.methods) - set(METHODS)
+    names = method_names()
+    unknown = set(size.methods) - set(names)
     if unknown:
-        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(METHODS)}")
-    out = [Variant("methods", m, MethodSpec(m, MAIN)) for m in METHODS[:-1]
-           if m in size.methods or m == "full"]          # E is relative to full fine-tuning
+        raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(names)}")
+    out = [Variant("methods", m, MethodSpec(m, MAIN)) for m in names
+           if m != "aware" and (m in size.methods or m == "full")]          # E is relative to full fine-tuning
     out.append(Variant("methods", "aware", MethodSpec("aware", MAIN)))
     for rule in size.rules:
         out.append(Variant("rule", rule, MethodSpec("aware", replace(MAIN, rule=rule))))
@@ -118,57 +84,34 @@ _MAIN_LABEL = {"rule": "activation-global", "rho": "rho=0.3", "targets": "qkv+pr
                "calibration": "upstream", "calib_size": "n={n_calib}"}
 
 
-@dataclass
-class Context:
-    """Everything built once per sweep."""
-
-    base: torch.nn.Module
-    enc: object
-    easy: Task
-    probe: Task
-    down: dict[str, Task]
-    size: Size
-    before: dict = field(default_factory=dict)       # upstream skills of the base model
-    calib: dict = field(default_factory=dict)        # (kind, n) -> QASet
-    saliency: dict = field(default_factory=dict)     # (kind, n) -> Saliency
-    info: dict = field(default_factory=dict)
-
-    def upstream(self, model, *, exact: bool | None = None) -> dict:
-        """Upstream skills of ``model`` on the sweep's fixed evaluation questions."""
-        from lab.aware.upstream import upstream_skills
-
-        return upstream_skills(model, self.enc, self.easy, self.probe, batch_size=self.size.eval_batch,
-                               exact=self.size.exact if exact is None else exact)   # probe None: easy-VQA only
-
-
-def upstream(model, ctx: Context, *, exact: bool | None = None) -> dict:
-    """Upstream skills of ``model`` on the sweep's fixed evaluation questions (:meth:`Context.upstream`)."""
-    return ctx.upstream(model, exact=exact)
-
-
-def run_variant(ctx: Context, v: Variant, task: str, seed: int, progress: bool, *,
+def run_variant(ctx: Context, v: Variant, task: str, seed: int, *, before: Mapping[str, float],
+                saliency: Saliency | None = None, progress: bool = True,
                 keep_model: bool = False) -> tuple[dict, dict]:
-    """Fine-tune a fresh copy of the base on ``task``; return (row, info with masks [and model])."""
-    cfg = replace(ctx.size.train, seed=seed)
+    """Fine-tune a fresh copy of the base on ``task``; return (row, info with masks [and model]).
+
+    Reads ``ctx`` and writes nothing shared: ``before`` (upstream skills of the base) and
+    ``saliency`` (the profile of the variant's calibration set, :func:`profile_calibrations`) are
+    computed once beforehand and passed in."""
+    cfg = replace(v.train or ctx.size.train, seed=seed)
     spec = v.spec if v.spec.aware.rule != "random" else replace(v.spec, aware=replace(v.spec.aware, seed=seed))
     model = copy.deepcopy(ctx.base)
-    sal = ctx.saliency.get((v.calib, v.calib_n or ctx.size.n_calib))
     t0 = time.perf_counter()
-    model, groups, info = prepare(model, spec, cfg, saliency=sal)
+    model, groups, info = prepare(model, spec, cfg, saliency=saliency)
     log = train(model, groups, ctx.down[task].train, ctx.enc, cfg, progress=progress, desc=f"{v.group}/{v.label}")
     train_s = time.perf_counter() - t0
-    model = finish(model)
-    up = dict(ctx.before) if spec.method == "zero-shot" and ctx.before else upstream(model, ctx)
+    model = finish(model, spec.method)
+    up = dict(before) if spec.method == "zero-shot" and before else upstream(model, ctx)
     down = evaluate(model, ctx.down[task].test, ctx.enc, batch_size=ctx.size.eval_batch)["acc"]
     skills = [k for k in ("easy_vqa", "probe") if k in up]
+    aware = spec.method == "aware"
     row = {"group": v.group, "variant": v.label, "method": spec.method, "seed": seed, "task": task,
-           "rho": spec.aware.rho if spec.method == "aware" else np.nan, "rule": spec.aware.rule if spec.method == "aware" else "",
-           "targets": spec.aware.targets if spec.method != "full" else "all", "calib": v.calib if spec.method == "aware" else "",
-           "calib_n": (v.calib_n or ctx.size.n_calib) if spec.method == "aware" else 0,
+           "rho": spec.aware.rho if aware else np.nan, "rule": spec.aware.rule if aware else "",
+           "targets": spec.aware.targets if spec.method != "full" else "all", "calib": v.calib if aware else "",
+           "calib_n": v.calib_key(ctx.size)[1] if aware else 0,
            "downstream": down, **{f"up_{k}": up[k] for k in up},
-           "R_easy_vqa": M.retention(ctx.before["easy_vqa"], up["easy_vqa"]),
-           "R_probe": M.retention(ctx.before["probe"], up["probe"]) if "probe" in up else np.nan,
-           "R": M.mean_retention({k: ctx.before[k] for k in skills}, {k: up[k] for k in skills}),
+           "R_easy_vqa": M.retention(before["easy_vqa"], up["easy_vqa"]),
+           "R_probe": M.retention(before["probe"], up["probe"]) if "probe" in up else np.nan,
+           "R": M.mean_retention({k: before[k] for k in skills}, {k: up[k] for k in skills}),
            "trainable": info["trainable"], "trainable_frac": info["trainable"] / info["total"],
            "lora_rank": info.get("lora_rank", 0), "steps": len(log["losses"]),
            "final_loss": float(np.mean(log["losses"][-4:])) if log["losses"] else np.nan,
@@ -179,12 +122,14 @@ def run_variant(ctx: Context, v: Variant, task: str, seed: int, progress: bool, 
     return row, info
 
 
-def add_efficiency(rows: list[dict]) -> None:
-    """E and H need the full fine-tuning result of the same seed and task."""
+def add_efficiency(rows: list[dict]) -> list[dict]:
+    """E and H need the full fine-tuning result of the same seed and task (new rows returned)."""
     full = {(r["seed"], r["task"]): r["downstream"] for r in rows if r["method"] == "full"}
+    out = []
     for r in rows:
-        r["E"] = M.efficiency(r["downstream"], full.get((r["seed"], r["task"]), np.nan))
-        r["H"] = M.h_score(r["R"], r["E"])
+        e = M.efficiency(r["downstream"], full.get((r["seed"], r["task"]), np.nan))
+        out.append({**r, "E": e, "H": M.h_score(r["R"], e)})
+    return out
 
 
 def _save_saliency(run_dir: Path, key: tuple, sal: Saliency) -> None:
@@ -203,37 +148,6 @@ def _save_masks(run_dir: Path, label: str, masks: dict) -> None:
                  {n: m.to(torch.uint8) for n, m in masks.items()}, {"layers": json.dumps(list(masks))})
 
 
-def setup(size: Size, *, progress: bool = True, cache_dir=None, device: str | None = None,
-          tasks_needed: tuple[str, ...] | None = None) -> Context:
-    """Build (or load from cache) the aligned mini-LLaVA, the tasks and the calibration sets.
-    ``device``: where the model runs (default: CUDA when available, else CPU). ``tasks_needed``:
-    the downstream tasks to build (default: all; each costs a visual-token pass when not cached)."""
-    from lab.aware import tasks
-    from lab.aware.upstream import build_base
-
-    t0 = time.perf_counter()
-    kw = dict(grid=size.grid, cache_dir=cache_dir, progress=progress)
-    easy = tasks.easy_vqa(n_train=size.n_align, n_test=size.n_easy_eval, **kw)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    base, enc, info = build_base(easy, size.align, grid=size.grid, cache_dir=cache_dir, progress=progress,
-                                 device=device)
-    wanted = tasks.DOWNSTREAM if tasks_needed is None else tuple(dict.fromkeys(tasks_needed))
-    unknown = set(wanted) - set(tasks.DOWNSTREAM)
-    if unknown:
-        raise ValueError(f"unknown downstream tasks {sorted(unknown)}; choose from {list(tasks.DOWNSTREAM)}")
-    down = {t: tasks.downstream(t, n_train=size.n_train, n_test=size.n_eval, **kw) for t in wanted}
-    probe = tasks.probe()
-    probe.test = probe.test.subset(range(min(size.n_probe, len(probe.test))))
-    ctx = Context(base, enc, easy, probe, down, size, info={"align": info})
-    # nested upstream calibration sets: the first n of the same n_calib samples
-    full = tasks.calibration("upstream", size.n_calib, upstream=easy)
-    for n in {size.n_calib, *size.calib_sizes}:
-        ctx.calib[("upstream", n)] = full.subset(range(min(n, len(full))))
-    ctx.calib[("proxy", size.n_calib)] = tasks.calibration("proxy", size.n_calib, **kw)
-    ctx.info["setup_s"] = time.perf_counter() - t0
-    return ctx
-
-
 def _tidy(rows: list[dict], n_calib: int) -> list[dict]:
     """Repeat the main AWARe row inside every ablation group it is the reference of."""
     out = list(rows)
@@ -244,17 +158,65 @@ def _tidy(rows: list[dict], n_calib: int) -> list[dict]:
     return out
 
 
+def before_table(ctx: Context, before: Mapping[str, float]) -> list[dict]:
+    """Upstream skills of the base model beside what a model that learned nothing would score."""
+    return [{"skill": "easy_vqa", "acc": before["easy_vqa"], "reference": "majority answer",
+             "reference_acc": ctx.easy.test.majority_rate(), "n": len(ctx.easy.test)},
+            {"skill": "probe", "acc": before["probe"], "reference": "chance (4 options)",
+             "reference_acc": ctx.probe.test.chance_rate(), "n": len(ctx.probe.test)},
+            {"skill": "probe_em", "acc": before["probe_em"], "reference": "exact match of greedy answer",
+             "reference_acc": np.nan, "n": len(ctx.probe.test)}]
+
+
+def profile_calibrations(ctx: Context, chosen: list[Variant], *, targets: str = "qkv+projector+mlp",
+                         progress: bool = True) -> dict[tuple[str, int], Saliency]:
+    """``{(kind, n): Saliency}`` of the base model for every calibration set a variant's method
+    needs (all targets hooked at once, so every target preset can select from the same profile)."""
+    from lab.aware.saliency import profile
+    from lab.experiments.aware.profiling import calibration_batches
+
+    needed = sorted({v.calib_key(ctx.size) for v in chosen if uses_saliency(v.spec)})
+    return {key: profile(ctx.base, calibration_batches(ctx.calib[key], ctx.enc), targets=targets, progress=progress)
+            for key in needed}
+
+
+def overlap_rows(ctx: Context, saliency: Mapping[tuple[str, int], Saliency]) -> list[dict]:
+    """Mask agreement at the main rho and targets: every calibration set, and every other rule,
+    against the main upstream profile."""
+    from lab.aware.targets import find_targets
+
+    layers = find_targets(ctx.base, MAIN.targets)
+    ref_key = ("upstream", ctx.size.n_calib)
+    if ref_key not in saliency:
+        return []
+    ref = select({n: saliency[ref_key].scores[n] for n in layers}, MAIN.rho)
+    out = []
+    for key, sal in saliency.items():
+        if key != ref_key:
+            m = select({n: sal.scores[n] for n in layers}, MAIN.rho)
+            out.append({"a": f"{ref_key[0]}-{ref_key[1]}", "b": f"{key[0]}-{key[1]}", **M.mask_overlap(ref, m)})
+    zeros = {n: torch.zeros(l.out_features) for n, l in layers.items()}
+    for rule in ("activation-balanced", "weight-norm", "random"):
+        src = {n: saliency[ref_key].scores[n] for n in layers} if needs_saliency(rule) else zeros
+        out.append({"a": f"activation-global/{ref_key[0]}-{ref_key[1]}", "b": rule,
+                    **M.mask_overlap(ref, select(src, MAIN.rho, rule, weights=layers))})
+    return out
+
+
 def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[str, ...] | None = None,
           task: str = "fashion", run_dir: str | Path | None = None, continual_order: tuple[str, ...] | None = None,
           progress: bool = True) -> dict:
-    """Run the sweep on a prepared :class:`Context`; returns ``{table name: DataFrame, 'run_dir': Path}``."""
+    """Run the sweep on a prepared :class:`Context`; returns ``{table name: DataFrame, 'run_dir': Path}``.
+
+    Steps, each feeding the next by value: upstream skills before fine-tuning; saliency of every
+    calibration set the variants need; mask overlap; every variant x seed (:func:`run_variant`, one
+    pure call each); the continual sequence."""
     import pandas as pd
 
     from lab import runs
     from lab._io import write_json, write_table
-    from lab.aware.continual import ORDER, run_sequence, summarise
-    from lab.aware.masking import select
-    from lab.aware.targets import find_targets
+    from lab.aware.masking import composition
+    from lab.experiments.aware.continual import ORDER, run_sequence, summarise
 
     size = ctx.size
     seeds = tuple(size.seeds if seeds is None else seeds)
@@ -267,54 +229,24 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
     run_dir = Path(run_dir) if run_dir else runs.new_run_dir("aware", f"ablate-{task}")
     timings, t_start = {"setup_s": ctx.info.get("setup_s", 0.0)}, time.perf_counter()
 
-    # 1. upstream skills before any fine-tuning, and whether they were learned at all
     t0 = time.perf_counter()
-    ctx.before = upstream(ctx.base, ctx, exact=True)
-    before = [{"skill": "easy_vqa", "acc": ctx.before["easy_vqa"], "reference": "majority answer",
-               "reference_acc": ctx.easy.test.majority_rate(), "n": len(ctx.easy.test)},
-              {"skill": "probe", "acc": ctx.before["probe"], "reference": "chance (4 options)",
-               "reference_acc": ctx.probe.test.chance_rate(), "n": len(ctx.probe.test)},
-              {"skill": "probe_em", "acc": ctx.before["probe_em"], "reference": "exact match of greedy answer",
-               "reference_acc": np.nan, "n": len(ctx.probe.test)}]
+    before = upstream(ctx.base, ctx, exact=True)
     timings["before_s"] = time.perf_counter() - t0
 
-    # 2. saliency for every calibration set an activation rule needs (all targets hooked at once)
     t0 = time.perf_counter()
-    needed = {(v.calib, v.calib_n or size.n_calib) for v in chosen
-              if v.spec.method == "aware" and v.spec.aware.rule.startswith("activation")}
-    for key in sorted(needed):
-        from lab.aware.continual import calibration_batches
-
-        ctx.saliency[key] = profile(ctx.base, calibration_batches(ctx.calib[key], ctx.enc),
-                                    targets="qkv+projector+mlp", progress=progress)
-        _save_saliency(run_dir, key, ctx.saliency[key])
+    saliency = profile_calibrations(ctx, chosen, progress=progress)
+    for key, sal in saliency.items():
+        _save_saliency(run_dir, key, sal)
     timings["profiling_s"] = time.perf_counter() - t0
-    timings["profiling_s_per_sample"] = timings["profiling_s"] / max(1, sum(s.n_samples for s in ctx.saliency.values()))
-
-    # 3. mask overlap between calibration sets / rules (main rho and targets)
-    layers = find_targets(ctx.base, MAIN.targets)
-    ref_key = ("upstream", size.n_calib)
-    overlap = []
-    if ref_key in ctx.saliency:
-        ref = select({n: ctx.saliency[ref_key].scores[n] for n in layers}, MAIN.rho)
-        for key, sal in ctx.saliency.items():
-            if key != ref_key:
-                m = select({n: sal.scores[n] for n in layers}, MAIN.rho)
-                overlap.append({"a": f"{ref_key[0]}-{ref_key[1]}", "b": f"{key[0]}-{key[1]}", **M.mask_overlap(ref, m)})
-        zeros = {n: torch.zeros(l.out_features) for n, l in layers.items()}
-        for rule in ("activation-balanced", "weight-norm", "random"):
-            src = {n: ctx.saliency[ref_key].scores[n] for n in layers} if rule.startswith("activation") else zeros
-            overlap.append({"a": f"activation-global/{ref_key[0]}-{ref_key[1]}", "b": rule,
-                            **M.mask_overlap(ref, select(src, MAIN.rho, rule, weights=layers))})
-
-    # 4. every variant x seed
-    from lab.aware.masking import composition
+    timings["profiling_s_per_sample"] = timings["profiling_s"] / max(1, sum(s.n_samples for s in saliency.values()))
+    overlap = overlap_rows(ctx, saliency)
 
     rows, comp = [], []
     t0 = time.perf_counter()
     for seed in seeds:
         for v in chosen:
-            row, info = run_variant(ctx, v, task, seed, progress)
+            row, info = run_variant(ctx, v, task, seed, before=before, saliency=saliency.get(v.calib_key(size)),
+                                    progress=progress)
             rows.append(row)
             if seed == seeds[0] and "masks" in info:
                 _save_masks(run_dir, f"{v.group}_{v.label}", info["masks"])
@@ -323,10 +255,9 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
             if progress:
                 print(f"  {v.group:<12} {v.label:<20} seed {seed}: down {row['downstream']:.3f} "
                       f"R {row['R']:.1f} ({row['train_s']:.0f}s)", flush=True)
-    add_efficiency(rows)
+    rows = add_efficiency(rows)
     timings["variants_s"] = time.perf_counter() - t0
 
-    # 5. continual sequence
     t0 = time.perf_counter()
     cont = []
     if size.continual_methods and (groups is None or "continual" in groups):
@@ -335,9 +266,9 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
     timings["continual_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_start + timings["setup_s"]
 
-    tables = {"results": pd.DataFrame(_tidy(rows, size.n_calib)), "upstream_before": pd.DataFrame(before),
+    tables = {"results": pd.DataFrame(_tidy(rows, size.n_calib)), "upstream_before": pd.DataFrame(before_table(ctx, before)),
               "overlap": pd.DataFrame(overlap), "mask_composition": pd.DataFrame(comp), "continual": pd.DataFrame(cont),
-              "continual_summary": pd.DataFrame(summarise(cont, order, ctx.before) if cont else [])}
+              "continual_summary": pd.DataFrame(summarise(cont, order, before) if cont else [])}
     for name, df in tables.items():
         write_table(run_dir / name, df)
     write_json(run_dir / "config.json", {"size": asdict(size), "seeds": list(seeds), "task": task,
@@ -358,6 +289,5 @@ def summary(results, by: tuple[str, ...] = ("group", "variant")):
 def run(size: str | Size = "default", *, seeds=None, groups=None, task: str = "fashion", run_dir=None,
         cache_dir=None, device: str | None = None, progress: bool = True) -> dict:
     """Set up and sweep: the whole ablation of the offline default in one call."""
-    size = SIZES[size] if isinstance(size, str) else size
     ctx = setup(size, progress=progress, cache_dir=cache_dir, device=device)
     return sweep(ctx, seeds=seeds, groups=groups, task=task, run_dir=run_dir, progress=progress)

@@ -1,11 +1,10 @@
 """Tables and plotly figures for notebook 04 (AWARe ablations): a sweep's results as R/E/H bars,
 the rho trade-off, the continual sequence, the noise table and the findings in words.
 
-Thin layer over :mod:`lab.aware.ablate` (which trains and scores) and :mod:`lab.aware.results`
+Thin layer over :mod:`lab.experiments.aware.ablate` (which trains and scores) and :mod:`lab.experiments.aware.results`
 (which loads a saved run): :func:`load_run`, :func:`sweep_size`, :func:`run_sweep`,
 :func:`summary`, :func:`rhe_bars`, :func:`tradeoff`, :func:`rho_curves`, :func:`continual_figure`,
 :func:`continual_bars`, :func:`noise_table`, :func:`findings`, :func:`describe_ablation`.
-:mod:`lab.aware.views` re-exports every public name here, so notebooks use one ``views`` module.
 """
 from __future__ import annotations
 
@@ -18,19 +17,19 @@ _RULE_SHORT = {"activation-global": "global", "activation-balanced": "balanced"}
 
 
 def load_run(run_dir) -> dict:
-    """A saved ``lab aware ablate`` run (``'latest'``: the newest): see :func:`lab.aware.results.load_run`."""
-    from lab.aware.results import load_run as _load
+    """A saved ``lab aware ablate`` run (``'latest'``: the newest): see :func:`lab.experiments.aware.results.load_run`."""
+    from lab.experiments.aware.results import load_run as _load
 
     return _load(run_dir)
 
 
 def sweep_size(base: str = "default", *, n_align=None, align=None, **kw):
-    """A :class:`lab.aware.ablate.Size` from a preset with some fields replaced; ``steps`` /
+    """A :class:`lab.experiments.aware.context.Size` from a preset with some fields replaced; ``steps`` /
     ``batch_size`` / ``lr*`` go to its ``TrainConfig`` (``None`` keeps the preset's). Keep
     ``n_align``/``align`` at the preset's to reuse the cached aligned projector."""
-    from lab.aware import ablate
+    from lab.experiments.aware.context import SIZES
 
-    size = ablate.SIZES[base]
+    size = SIZES[base]
     train_kw = {k: kw.pop(k) for k in ("steps", "batch_size", "lr", "lr_aware", "lr_projector", "lr_adapter") if k in kw}
     train_kw = {k: v for k, v in train_kw.items() if v is not None}       # None: the preset's
     size = replace(size, train=replace(size.train, **train_kw), **kw)
@@ -180,16 +179,16 @@ def findings(results) -> dict:
 
 
 def tasks_for(groups, task: str) -> tuple[str, ...]:
-    """The downstream tasks a sweep of ``groups`` on ``task`` needs: :func:`lab.aware.ablate.tasks_for`."""
-    from lab.aware import ablate
+    """The downstream tasks a sweep of ``groups`` on ``task`` needs: :func:`lab.experiments.aware.ablate.tasks_for`."""
+    from lab.experiments.aware import ablate
 
     return ablate.tasks_for(groups, task)
 
 
 def run_sweep(ctx, *, groups=None, seeds=None, task: str = "fashion", run_dir=None, progress: bool = True) -> dict:
-    """:func:`lab.aware.ablate.sweep` on ``ctx``, returned in the shape of :func:`load_run` (the
+    """:func:`lab.experiments.aware.ablate.sweep` on ``ctx``, returned in the shape of :func:`load_run` (the
     tables, ``config`` and ``run_dir``), so a fresh sweep and a saved one are shown the same way."""
-    from lab.aware import ablate
+    from lab.experiments.aware import ablate
 
     out = ablate.sweep(ctx, groups=tuple(groups) if groups else None, seeds=tuple(seeds) if seeds else None,
                        task=task, run_dir=run_dir, progress=progress)
@@ -222,8 +221,8 @@ def noise_table(run: dict):
 
 
 def chance_options(task: str) -> tuple:
-    """The answer options a downstream task scores (``lab.aware.tasks.TEMPLATES``)."""
-    from lab.aware.tasks import TEMPLATES
+    """The answer options a downstream task scores (``lab.experiments.aware.tasks.TEMPLATES``)."""
+    from lab.experiments.aware.tasks import TEMPLATES
 
     _, tmpl, names = TEMPLATES[task]
     return tuple(dict.fromkeys(tmpl.render(c, names) for c in range(len(names))))
@@ -236,7 +235,7 @@ def chance_rate(task: str) -> float:
 def majority_rate(task: str, n_eval: int) -> float | None:
     """Accuracy of always giving the most common answer of the task's fixed ``n_eval`` test questions
     (the same questions every run is scored on); ``None`` when the data is not available here."""
-    from lab.aware.tasks import downstream
+    from lab.experiments.aware.tasks import downstream
 
     try:
         return downstream(task, n_train=1, n_test=n_eval, progress=False).test.majority_rate()

@@ -9,6 +9,9 @@ _GROUPS = ("methods", "rule", "rho", "targets", "calibration", "calib_size", "co
 
 
 def register(subparsers) -> None:
+    from lab.aware.masking import rule_names
+    from lab.aware.methods import method_names
+
     p = subparsers.add_parser("aware", help="AWARe on the mini-LLaVA: profile saliency, fine-tune, run ablations",
                               description="AWARe (activation-weighted adaptive retention) on the offline "
                                           "mini-LLaVA (efficientnet_lite0 + projector + SmolLM2-135M).")
@@ -39,11 +42,11 @@ def register(subparsers) -> None:
 
     q = sub.add_parser("finetune", help="fine-tune one method on one downstream task; print upstream retention")
     common(q)
-    q.add_argument("--method", default="aware", choices=["zero-shot", "full", "lora", "dora", "aware"])
+    q.add_argument("--method", default="aware", choices=method_names())
     q.add_argument("--task", default="fashion", choices=["fashion", "digits", "even"])
     q.add_argument("--rho", type=float, default=0.3, help="retention ratio in [0, 1] (AWARe)")
     q.add_argument("--rule", default="activation-global",
-                   choices=["activation-global", "activation-balanced", "weight-norm", "random"])
+                   choices=rule_names())
     q.add_argument("--targets", default="qkv+projector")
     q.add_argument("--calib", default="upstream", choices=["upstream", "proxy"])
     q.add_argument("--seed", type=int, default=0)
@@ -67,7 +70,7 @@ def register(subparsers) -> None:
     q.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds; validation scores are averaged (default 0)")
     q.add_argument("--n-val", type=int, default=100, help="validation questions per set (default 100)")
     q.add_argument("--grid", nargs="+", default=None, metavar="METHOD=LR,LR",
-                   help="candidate lrs, e.g. full=1e-5,2e-5 aware=1e-4,3e-4 (default: lab.aware.tune.GRIDS)")
+                   help="candidate lrs, e.g. full=1e-5,2e-5 aware=1e-4,3e-4 (default: lab.experiments.aware.tune.GRIDS)")
     q.add_argument("--run-dir", default=None, help="output folder (default: a new unique runs/aware/... folder)")
     q.set_defaults(func=cmd_tune)
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
@@ -111,7 +114,7 @@ def _size(args):
     """The preset with any training overrides from the command line (validated by TrainConfig)."""
     from dataclasses import replace
 
-    from lab.aware.ablate import SIZES
+    from lab.experiments.aware.context import SIZES
 
     size = SIZES[args.size]
     over = {k: getattr(args, k) for k in ("steps", "lr", "lr_aware", "lr_projector", "lr_adapter") if getattr(args, k) is not None}
@@ -119,7 +122,7 @@ def _size(args):
 
 
 def _ctx(args):
-    from lab.aware.ablate import setup
+    from lab.experiments.aware.context import setup
 
     size = _size(args)          # bad overrides fail here, before any model is loaded
     _threads()
@@ -130,13 +133,13 @@ def cmd_profile(args) -> int:
     from dataclasses import replace
 
     from lab import runs
-    from lab.aware import tasks
-    from lab.aware.ablate import _save_saliency
-    from lab.aware.continual import calibration_batches
-    from lab.aware.saliency import profile
+    from lab.experiments.aware import tasks
     from lab import _validate as V
-    from lab.aware.ablate import setup
-    from lab.aware.config import check_targets
+    from lab.aware.saliency import profile
+    from lab.experiments.aware.ablate import _save_saliency
+    from lab.experiments.aware.checks import check_targets
+    from lab.experiments.aware.context import setup
+    from lab.experiments.aware.profiling import calibration_batches
 
     check_common(args)              # everything before any model is loaded
     pool = _size(args).n_align      # upstream calibration draws from the alignment questions
@@ -173,14 +176,15 @@ def cmd_profile(args) -> int:
 
 
 def cmd_finetune(args) -> int:
-    from lab.aware.ablate import MAIN, Variant, run_variant, upstream
-    from lab.aware.config import AwareConfig
-    from lab.aware.continual import calibration_batches
-    from lab.aware.finetune import MethodSpec
-    from lab.aware.saliency import profile
-
     from lab import _validate as V
-    from lab.aware.config import check_rho, check_targets
+    from lab.aware.config import AwareConfig
+    from lab.aware.masking import check_rho
+    from lab.aware.methods import MethodSpec, uses_saliency
+    from lab.aware.saliency import profile
+    from lab.experiments.aware.ablate import Variant, run_variant
+    from lab.experiments.aware.checks import check_targets
+    from lab.experiments.aware.context import MAIN, upstream
+    from lab.experiments.aware.profiling import calibration_batches
 
     check_common(args)
     try:
@@ -193,15 +197,16 @@ def cmd_finetune(args) -> int:
     check_targets(args.targets)     # last: it builds the model's skeleton (a few seconds)
     aware = AwareConfig(rho=args.rho, rule=args.rule, targets=args.targets)   # validates before work
     ctx = _ctx(args)
-    ctx.before = upstream(ctx.base, ctx, exact=False)
-    key = (args.calib, ctx.size.n_calib)
-    if args.method == "aware" and aware.rule.startswith("activation"):
-        ctx.saliency[key] = profile(ctx.base, calibration_batches(ctx.calib[key], ctx.enc),
-                                    targets=aware.targets, progress=not args.quiet)
+    before = upstream(ctx.base, ctx, exact=False)
     v = Variant("cli", args.method, MethodSpec(args.method, aware if args.method != "full" else MAIN), calib=args.calib)
-    row, info = run_variant(ctx, v, args.task, args.seed, not args.quiet, keep_model=bool(args.save))
+    sal = None
+    if uses_saliency(v.spec):
+        sal = profile(ctx.base, calibration_batches(ctx.calib[v.calib_key(ctx.size)], ctx.enc),
+                      targets=aware.targets, progress=not args.quiet)
+    row, info = run_variant(ctx, v, args.task, args.seed, before=before, saliency=sal, progress=not args.quiet,
+                            keep_model=bool(args.save))
     print(f"{args.method} on {args.task}: downstream acc {row['downstream']:.3f}; upstream easy-VQA "
-          f"{ctx.before['easy_vqa']:.3f} -> {row['up_easy_vqa']:.3f}, probe {ctx.before['probe']:.3f} -> "
+          f"{before['easy_vqa']:.3f} -> {row['up_easy_vqa']:.3f}, probe {before['probe']:.3f} -> "
           f"{row['up_probe']:.3f}; R {row['R']:.1f}; trainable {row['trainable_frac'] * 100:.1f}%; "
           f"{row['step_s']:.2f} s/step")
     if args.save:
@@ -212,7 +217,7 @@ def cmd_finetune(args) -> int:
 
 def cmd_ablate(args) -> int:
     from lab import _validate as V
-    from lab.aware.ablate import summary, sweep
+    from lab.experiments.aware.ablate import summary, sweep
 
     check_common(args)
     for s in args.seeds or ():
@@ -260,10 +265,9 @@ def _grids(specs) -> dict | None:
 
 
 def cmd_tune(args) -> int:
-    from lab.aware.ablate import setup
-    from lab.aware.tune import GRIDS, check_grids, flags, tune
-
     from lab import _validate as V
+    from lab.experiments.aware.context import setup
+    from lab.experiments.aware.tune import GRIDS, check_grids, flags, tune
 
     check_common(args)
     grids = check_grids(_grids(args.grid) or GRIDS)     # bad grids fail here, before any model is loaded

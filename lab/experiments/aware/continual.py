@@ -16,45 +16,41 @@ from dataclasses import replace
 
 from lab.aware import metrics as M
 from lab.aware.config import AwareConfig
-from lab.aware.finetune import MethodSpec, evaluate, finish, iterate, prepare, train
+from lab.aware.methods import MethodSpec, finish, prepare, uses_saliency
 from lab.aware.saliency import profile
-from lab.aware.tasks import QASet
+from lab.experiments.aware.finetune import evaluate, train
+from lab.experiments.aware.profiling import calibration_batches
 
 ORDER = ("fashion", "digits", "even")
 _PER_TASK_CALIB = 32   # train questions of each finished task added to the calibration set
 
 
-def calibration_batches(qa: QASet, enc, batch_size: int = 8) -> list[dict]:
-    """Calibration batches: prompts *with* answers (as the reference), logits for one position only."""
-    from lab.aware.scoring import model_inputs
-
-    return [{**model_inputs(b), "logits_to_keep": 1} for b in iterate(qa, enc, batch_size, answers=True)]
-
-
 def run_sequence(ctx, method: str, seed: int, *, order: tuple[str, ...] = ORDER,
                  aware: AwareConfig = AwareConfig(), progress: bool = True) -> list[dict]:
     """Rows ``{method, seed, stage, stage_task, task, acc}`` (``task='upstream:<skill>'`` at the end)."""
+    from lab.experiments.aware.context import upstream
+
     size = ctx.size
     cfg = replace(size.train, steps=size.continual_steps, seed=seed)
     model = copy.deepcopy(ctx.base)
     tests = {t: ctx.down[t].test.subset(range(min(size.n_continual_eval, len(ctx.down[t].test)))) for t in order}
     rows = []
     for i, task in enumerate(order):
-        sal = None
-        if method == "aware":
+        sal, spec = None, MethodSpec(method, aware)
+        if uses_saliency(spec):
             up = ctx.calib[("upstream", size.n_calib)]      # nested: its first n are the n-sample set
             qas = [up.subset(range(min(size.continual_calib, len(up))))]
             qas += [ctx.down[t].train.subset(range(min(_PER_TASK_CALIB, len(ctx.down[t].train)))) for t in order[:i]]
             sal = profile(model, [b for qa in qas for b in calibration_batches(qa, ctx.enc)],
                           targets=aware.targets, progress=progress)
-        model, groups, _ = prepare(model, MethodSpec(method, aware), cfg, saliency=sal)
+        model, groups, _ = prepare(model, spec, cfg, saliency=sal)
         train(model, groups, ctx.down[task].train, ctx.enc, cfg, progress=progress,
               desc=f"continual {method}: {task}")
-        model = finish(model)
+        model = finish(model, method)
         for t in order[: i + 1]:
             acc = evaluate(model, tests[t], ctx.enc, batch_size=size.eval_batch)["acc"]
             rows.append({"method": method, "seed": seed, "stage": i, "stage_task": task, "task": t, "acc": acc})
-    for skill, acc in ctx.upstream(model, exact=False).items():   # the sweep's upstream evaluation
+    for skill, acc in upstream(model, ctx, exact=False).items():   # the sweep's upstream evaluation
         rows.append({"method": method, "seed": seed, "stage": len(order) - 1, "stage_task": order[-1],
                      "task": f"upstream:{skill}", "acc": acc})
     return rows

@@ -1,15 +1,6 @@
-"""One harness for every fine-tuning method compared with AWARe (docs/aware.md, "Baselines").
+"""The training and evaluation harness shared by every fine-tuning method (docs/aware.md, "Baselines").
 
-Methods differ only in :func:`prepare` (which parameters train, at which learning rate):
-
-- ``zero-shot``: nothing trains.
-- ``full``: the whole language model and the projector.
-- ``lora`` / ``dora``: peft adapters (``LoraConfig(use_dora=...)``) on the *same* language-model
-  target Linears as AWARe (q/k/v); as in LLaVA-1.5's LoRA recipe the projector, when it is a target,
-  trains fully at the projector lr. The rank makes the trainable count match AWARe's
-  (:func:`matched_lora_rank`).
-- ``aware``: profile -> select -> row split (:mod:`lab.aware.freeze`).
-
+Methods differ only in how they prepare the model (:mod:`lab.aware.methods`, a registry);
 :func:`train` is the same short loop for all of them (AdamW, warm-up + cosine, grad clipping, loss
 on answer tokens only); :func:`evaluate` scores multiple choice with the KV-cached scorer.
 """
@@ -17,30 +8,23 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 import torch
 from torch import nn
 
-from lab.aware.config import AwareConfig
-from lab.aware.freeze import apply, merge, trainable_parameters
-from lab.aware.masking import select
-from lab.aware.prompts import ChatEncoder
-from lab.aware.saliency import Saliency
-from lab.aware.scoring import answer_loss, greedy_answers, option_scores
-from lab.aware.targets import find_targets, is_projector
-from lab.aware.tasks import QASet, exact_match
-
-METHODS = ("zero-shot", "full", "lora", "dora", "aware")
+from lab.experiments.aware.prompts import ChatEncoder
+from lab.experiments.aware.scoring import answer_loss, greedy_answers, option_scores
+from lab.experiments.aware.tasks import QASet, exact_match
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation recipe: the reference's (weight decay 0, 3% warm-up then cosine) with a faster
     projector so a few dozen steps learn a new visual task, and each method's own language-model
-    (or adapter) lr chosen on validation questions by ``lab aware tune`` (:mod:`lab.aware.tune`;
+    (or adapter) lr chosen on validation questions by ``lab aware tune`` (:mod:`lab.experiments.aware.tune`;
     the grids and what they chose: docs/aware.md, "Learning rates"): full 2e-5 (the reference's),
     LoRA/DoRA 1e-4, AWARe 3e-4.
     ``lr_aware=None`` gives AWARe the same lr as full fine-tuning, as the reference does."""
@@ -72,97 +56,6 @@ class TrainConfig:
     def aware_lr(self) -> float:
         """The lr AWARe's trainable language-model rows get (``lr_aware``, or ``lr`` when None)."""
         return self.lr if self.lr_aware is None else self.lr_aware
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    method: str = "aware"
-    aware: AwareConfig = field(default_factory=AwareConfig)
-    lora_rank: int | None = None    # None: matched to AWARe's trainable count on the same targets
-
-    def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose from {list(METHODS)}")
-
-    def to_dict(self) -> dict:
-        return {"method": self.method, "lora_rank": self.lora_rank, **self.aware.to_dict()}
-
-
-def _groups(model: nn.Module, lr: float, lr_projector: float) -> list[dict]:
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    proj = [p for n, p in named if is_projector(n)]
-    rest = [p for n, p in named if not is_projector(n)]
-    return [g for g in ({"params": rest, "lr": lr}, {"params": proj, "lr": lr_projector}) if g["params"]]
-
-
-def _split_targets(model: nn.Module, aware: AwareConfig) -> tuple[dict, dict]:
-    layers = find_targets(model, aware.targets, exclude=aware.exclude)
-    proj = {n: m for n, m in layers.items() if is_projector(n)}
-    return {n: m for n, m in layers.items() if n not in proj}, proj
-
-
-def matched_lora_rank(model: nn.Module, aware: AwareConfig) -> int:
-    """LoRA rank r such that LoRA's trainable count — ``r * sum(d_in + d_out)`` over the language-model
-    targets, plus the whole projector when it is a target — equals AWARe's, ``(1 - rho)`` of all
-    target rows (weights and biases). Rounded, at least 1."""
-    lm_layers, proj_layers = _split_targets(model, aware)
-    if not lm_layers:
-        raise ValueError("LoRA needs at least one language-model target (e.g. q_proj)")
-    size = lambda m: m.weight.numel() + (m.out_features if m.bias is not None else 0)  # noqa: E731
-    aware_count = (1 - aware.rho) * sum(size(m) for m in {**lm_layers, **proj_layers}.values())
-    proj_count = sum(size(m) for m in proj_layers.values())
-    per_rank = sum(m.in_features + m.out_features for m in lm_layers.values())
-    return max(1, round((aware_count - proj_count) / per_rank))
-
-
-def prepare(model: nn.Module, spec: MethodSpec, cfg: TrainConfig, *,
-            saliency: Saliency | None = None) -> tuple[nn.Module, list[dict], dict]:
-    """Make ``model`` trainable the way ``spec`` says; return (model, optimizer groups, info)."""
-    info: dict = {}
-    for p in model.parameters():
-        p.requires_grad_(False)
-    if spec.method == "full":
-        for p in model.parameters():
-            p.requires_grad_(True)
-        groups = _groups(model, cfg.lr, cfg.lr_projector)
-    elif spec.method == "aware":
-        layers = find_targets(model, spec.aware.targets, exclude=spec.aware.exclude)
-        if spec.aware.rule.startswith("activation"):
-            if saliency is None:
-                raise ValueError("activation rules need a saliency profile (lab.aware.profile)")
-            missing = set(layers) - set(saliency.scores)
-            if missing:
-                raise ValueError(f"saliency lacks {len(missing)} target layers, e.g. {sorted(missing)[:3]}")
-            scores = {n: saliency.scores[n] for n in layers}
-        else:
-            scores = {n: torch.zeros(m.out_features) for n, m in layers.items()}
-        masks = select(scores, spec.aware.rho, spec.aware.rule, weights=layers, seed=spec.aware.seed)
-        apply(model, masks)
-        info["masks"] = masks
-        groups = _groups(model, cfg.aware_lr, cfg.lr_projector)
-    elif spec.method in ("lora", "dora"):
-        from peft import LoraConfig, get_peft_model
-
-        rank = spec.lora_rank or matched_lora_rank(model, spec.aware)
-        lm_layers, proj_layers = _split_targets(model, spec.aware)
-        model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
-                                                 target_modules=list(lm_layers), use_dora=spec.method == "dora"))
-        for name in proj_layers:   # LLaVA's LoRA recipe: the projector itself trains fully
-            for p in model.get_submodule("base_model.model." + name).parameters():
-                p.requires_grad_(True)
-        info["lora_rank"] = rank
-        groups = _groups(model, cfg.lr_adapter, cfg.lr_projector)
-    else:  # zero-shot
-        groups = []
-    info["trainable"], info["total"] = trainable_parameters(model)
-    return model, groups, info
-
-
-def finish(model: nn.Module) -> nn.Module:
-    """Back to a standard model: merge LoRA/DoRA adapters or AWARe's row split."""
-    if hasattr(model, "merge_and_unload"):
-        model = model.merge_and_unload()
-    return merge(model).eval()
 
 
 def iterate(qa: QASet, enc: ChatEncoder, batch_size: int, *, answers: bool, order=None) -> Iterator[dict]:

@@ -5,7 +5,7 @@ Upstream (learned before any fine-tuning, measured before and after):
 - ``easy_vqa``: colour/shape questions on synthetic images (PyPI ``easy-vqa``); the projector is
   aligned on its train split with the language model frozen (LLaVA stage-1 "pre-training").
 - ``probe``: a text-only general-knowledge probe of SmolLM2 (100 questions written for this
-  project, ``lab/aware/data/general_knowledge_probe.json``), scored by answer log-likelihood over
+  project, ``lab/experiments/aware/data/general_knowledge_probe.json``), scored by answer log-likelihood over
   4 options and by exact match of a greedy answer.
 
 Downstream (templated questions on real images): ``fashion`` (Fashion-MNIST mini), ``digits``
@@ -116,7 +116,7 @@ def downstream(name: str, *, n_train: int, n_test: int, seed: int = 0, grid: int
     """A downstream task from real images; test questions are a fixed (seed-independent) subset."""
     if name not in TEMPLATES:
         raise ValueError(f"unknown downstream task {name!r}; choose from {list(TEMPLATES)}")
-    from lab.aware.minillava import visual_tokens
+    from lab.experiments.aware.minillava import visual_tokens
     from lab.data import load_dataset
 
     dataset, tmpl, names = TEMPLATES[name]
@@ -152,7 +152,7 @@ def downstream_validation(name: str, *, n: int, n_train: int, seed: int = 0, gri
         raise ValueError(f"unknown downstream task {name!r}; choose from {list(TEMPLATES)}")
     if n < 1:
         raise ValueError(f"the validation set is empty (n={n})")
-    from lab.aware.minillava import visual_tokens
+    from lab.experiments.aware.minillava import visual_tokens
     from lab.data import load_dataset
 
     dataset, tmpl, names = TEMPLATES[name]
@@ -172,7 +172,7 @@ def _easy_vqa_split(split: str, n: int, seed: int, grid: int, cache_dir, progres
     import easy_vqa
     from PIL import Image
 
-    from lab.aware.minillava import visual_tokens
+    from lab.experiments.aware.minillava import visual_tokens
 
     qs, ans, img_ids = (easy_vqa.get_train_questions() if split == "train" else easy_vqa.get_test_questions())
     paths = easy_vqa.get_train_image_paths() if split == "train" else easy_vqa.get_test_image_paths()
@@ -283,7 +283,7 @@ def calibration(kind: str, n: int, *, upstream: Task | None = None, seed: int = 
         idx = np.random.RandomState(seed + 99).permutation(len(upstream.train))[-n:]
         return upstream.train.subset(np.sort(idx))
     if kind == "proxy":
-        from lab.aware.minillava import visual_tokens
+        from lab.experiments.aware.minillava import visual_tokens
 
         images, answers = _proxy_images(n, seed)
         tokens = visual_tokens(images, grid=grid, cache_dir=cache_dir, progress=progress)

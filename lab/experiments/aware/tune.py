@@ -5,16 +5,16 @@ reference's 2e-5 the ~9 % of q/k/v rows AWARe trains barely move in a few dozen 
 fine-tuning at 1e-4 collapses. :func:`tune` picks each method's rate the way a careful paper would:
 
 1. **Held-out questions.** Downstream: ``n_val`` questions from the task's *train* split, disjoint
-   from the training pool (:func:`lab.aware.tasks.downstream_validation`). Upstream: ``n_val``
+   from the training pool (:func:`lab.experiments.aware.tasks.downstream_validation`). Upstream: ``n_val``
    easy-VQA train questions about images the projector was never aligned on
-   (:func:`lab.aware.tasks.easy_vqa_validation`). The text probe stays wholly held out for testing,
+   (:func:`lab.experiments.aware.tasks.easy_vqa_validation`). The text probe stays wholly held out for testing,
    so validation R is easy-VQA retention alone.
 2. **Full fine-tuning first**: its language-model lr with the best validation downstream accuracy —
    it is the reference E is measured against, so it should learn as well as it can.
 3. **Every other method**: the lr with the best validation H (E against step 2's choice), i.e. the
    rate that best balances keeping and learning. Ties go to the smaller lr.
 
-Every candidate is one run of the sweep's own harness (:func:`lab.aware.ablate.run_variant`) at the
+Every candidate is one run of the sweep's own harness (:func:`lab.experiments.aware.ablate.run_variant`) at the
 sweep's steps and batch; with several ``seeds`` the validation accuracies are averaged over them
 before choosing. ``lab aware tune`` runs it and prints the flags to use.
 """
@@ -51,17 +51,17 @@ def check_grids(grids: dict) -> dict:
 
 
 def validation_context(ctx, task: str, n_val: int, *, cache_dir=None, progress: bool = True):
-    """A copy of the sweep's :class:`~lab.aware.ablate.Context` whose evaluation sets are the
-    validation questions (train pool, calibration sets and saliency shared with ``ctx``)."""
-    from lab.aware import tasks
-    from lab.aware.tasks import Task
+    """A copy of the sweep's :class:`~lab.experiments.aware.context.Context` whose evaluation sets are the
+    validation questions (train pool and calibration sets shared with ``ctx``)."""
+    from lab.experiments.aware import tasks
+    from lab.experiments.aware.tasks import Task
 
     size = ctx.size
     kw = dict(grid=size.grid, cache_dir=cache_dir, progress=progress)
     easy_val = tasks.easy_vqa_validation(n=n_val, n_align=size.n_align, **kw)
     down_val = tasks.downstream_validation(task, n=n_val, n_train=size.n_train, **kw)
     return replace(ctx, easy=Task("easy_vqa", ctx.easy.train, easy_val), probe=None,
-                   down={task: Task(task, ctx.down[task].train, down_val)}, before={})
+                   down={task: Task(task, ctx.down[task].train, down_val)})
 
 
 def choose(rows: list[dict]) -> dict[str, float]:
@@ -79,15 +79,16 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n
          run_dir: str | Path | None = None, cache_dir=None, progress: bool = True) -> dict:
     """Run every candidate lr (x seed) on the validation questions; returns ``{'table'`` (mean over
     seeds), ``'runs'`` (one row per seed), ``'chosen', 'before', 'run_dir'}``. ``ctx``: a prepared
-    sweep context with ``task`` built (:func:`lab.aware.ablate.setup`)."""
+    sweep context with ``task`` built (:func:`lab.experiments.aware.context.setup`)."""
     import pandas as pd
 
     from lab import runs
     from lab._io import write_json, write_table
-    from lab.aware.ablate import MAIN, Variant, run_variant, upstream
-    from lab.aware.continual import calibration_batches
-    from lab.aware.finetune import MethodSpec
+    from lab.aware.methods import MethodSpec, uses_saliency
     from lab.aware.saliency import profile
+    from lab.experiments.aware.ablate import Variant, run_variant
+    from lab.experiments.aware.context import MAIN, upstream
+    from lab.experiments.aware.profiling import calibration_batches
 
     grids = check_grids(dict(GRIDS if grids is None else grids))
     if task not in ctx.down:
@@ -100,17 +101,18 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n
     t_start = time.perf_counter()
     run_dir = Path(run_dir) if run_dir else runs.new_run_dir("aware", f"tune-{task}")
     val = validation_context(ctx, task, n_val, cache_dir=cache_dir, progress=progress)
-    val.before = upstream(val.base, val)
+    before = upstream(val.base, val)
     key = ("upstream", val.size.n_calib)
-    if "aware" in grids and key not in val.saliency:
-        val.saliency[key] = profile(val.base, calibration_batches(val.calib[key], val.enc),
-                                    targets=MAIN.targets, progress=progress)
+    sal = None
+    if any(uses_saliency(MethodSpec(m, MAIN)) for m in grids):
+        sal = profile(val.base, calibration_batches(val.calib[key], val.enc), targets=MAIN.targets, progress=progress)
     runs_ = []
     for method, lrs in grids.items():
         for lr in lrs:
-            val.size = replace(ctx.size, train=replace(ctx.size.train, **{LR_FIELD[method]: lr}))
+            v = Variant("tune", f"{method}@{lr:g}", MethodSpec(method, MAIN),
+                        train=replace(ctx.size.train, **{LR_FIELD[method]: lr}))   # the candidate lr travels in the variant
             for seed in seeds:
-                row, _ = run_variant(val, Variant("tune", f"{method}@{lr:g}", MethodSpec(method, MAIN)), task, seed, progress)
+                row, _ = run_variant(val, v, task, seed, before=before, saliency=sal, progress=progress)
                 runs_.append({"method": method, "lr": lr, "seed": seed, **{k: row[k] for k in (
                     "downstream", "up_easy_vqa", "R", "trainable_frac", "train_s")}})
                 if progress:
@@ -131,10 +133,10 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n
     write_table(run_dir / "tune", table)
     write_table(run_dir / "tune_runs", per_seed)
     write_json(run_dir / "config.json", {"task": task, "seeds": list(seeds), "n_val": n_val, "grids": grids,
-                                         "chosen": chosen, "before_val": val.before,
+                                         "chosen": chosen, "before_val": before,
                                          "train": asdict(ctx.size.train), "seconds": time.perf_counter() - t_start,
                                          "versions": runs.versions()})
-    return {"table": table, "runs": per_seed, "chosen": chosen, "before": val.before, "run_dir": run_dir}
+    return {"table": table, "runs": per_seed, "chosen": chosen, "before": before, "run_dir": run_dir}
 
 
 def flags(chosen: dict[str, float]) -> str:

@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from lab.aware.finetune import TrainConfig, evaluate, train
-from lab.aware.minillava import SMOLLM2, MiniLlava, cache_root, load_language_model
-from lab.aware.prompts import ChatEncoder
-from lab.aware.tasks import Task
+from lab.experiments.aware.finetune import TrainConfig, evaluate, train
+from lab.experiments.aware.minillava import SMOLLM2, MiniLlava, cache_root, load_language_model
+from lab.experiments.aware.prompts import ChatEncoder
+from lab.experiments.aware.tasks import Task
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from lab.aware import ablate
-from lab.aware.prompts import ChatEncoder
-from lab.aware.tasks import QASet, Task
-from lab.aware.tiny import tiny_minillava, tiny_tokenizer
+from lab.experiments.aware import ablate
+from lab.experiments.aware.context import SIZES, Context
+from lab.experiments.aware.prompts import ChatEncoder
+from lab.experiments.aware.tasks import QASet, Task
+from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
 
 WORDS = ["red", "blue", "green", "yes", "no", "what", "color", "is", "it", "?", "capital", "Paris", "Rome"]
 
@@ -29,17 +30,15 @@ def toy(n, seed, text=False):
 @pytest.fixture(scope="module")
 def ctx():
     tok = tiny_tokenizer(WORDS)
-    size = replace(ablate.SIZES["smoke"], n_calib=8, calib_sizes=(4,), rhos=(0.0, 0.3, 0.9))
-    c = ablate.Context(tiny_minillava(tok, 8), ChatEncoder(tok, 4), Task("easy_vqa", toy(16, 0), toy(8, 1)),
-                       Task("probe", None, toy(6, 2, text=True)),
-                       {t: Task(t, toy(16, 3 + i), toy(8, 6 + i)) for i, t in enumerate(("fashion", "digits", "even"))},
-                       size)
-    c.calib = {("upstream", 8): toy(8, 9), ("upstream", 4): toy(4, 9), ("proxy", 8): toy(8, 10)}
-    return c
+    size = replace(SIZES["smoke"], n_calib=8, calib_sizes=(4,), rhos=(0.0, 0.3, 0.9))
+    return Context(tiny_minillava(tok, 8), ChatEncoder(tok, 4), Task("easy_vqa", toy(16, 0), toy(8, 1)),
+                   Task("probe", None, toy(6, 2, text=True)),
+                   {t: Task(t, toy(16, 3 + i), toy(8, 6 + i)) for i, t in enumerate(("fashion", "digits", "even"))},
+                   size, {("upstream", 8): toy(8, 9), ("upstream", 4): toy(4, 9), ("proxy", 8): toy(8, 10)})
 
 
 def test_variants_cover_every_axis():
-    labels = {(v.group, v.label) for v in ablate.variants(ablate.SIZES["default"])}
+    labels = {(v.group, v.label) for v in ablate.variants(SIZES["default"])}
     for want in [("methods", m) for m in ("zero-shot", "full", "lora", "dora", "aware")] + [
             ("rule", "weight-norm"), ("rule", "random"), ("rho", "rho=0"), ("rho", "rho=0.9"),
             ("targets", "qkv"), ("targets", "qkv+projector+mlp"), ("calibration", "proxy"), ("calib_size", "n=16")]:
@@ -74,7 +73,7 @@ def test_sweep_writes_tidy_tables_tensors_and_config(ctx, tmp_path):
     t, meta = load_tensors(tmp_path / "saliency_upstream_8.safetensors")
     assert t["matrix"].shape[0] == len(json.loads(meta["layers"]))
     assert len(ablate.summary(res)) >= 10
-    from lab.aware.results import load_run
+    from lab.experiments.aware.results import load_run
 
     back = load_run(tmp_path)
     assert len(back["results"]) == len(res) and "upstream_8" in back["saliency"]
@@ -97,7 +96,7 @@ def test_cli_help_and_early_errors(capsys):
 def test_methods_filter_keeps_full_and_aware_and_rejects_unknown_names():
     from dataclasses import replace
 
-    size = replace(ablate.SIZES["smoke"], methods=("lora",))
+    size = replace(SIZES["smoke"], methods=("lora",))
     labels = [v.label for v in ablate.variants(size) if v.group == "methods"]
     assert labels == ["full", "lora", "aware"]          # E needs full; aware is the reference
     with pytest.raises(ValueError, match="unknown methods"):

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
     pytest.importorskip("gguf")
-    from lab.aware.minillava import load_language_model, smollm2_gguf
+    from lab.experiments.aware.minillava import load_language_model, smollm2_gguf
 
     try:
         smollm2_gguf()
@@ -29,7 +29,7 @@ def test_smollm2_is_a_standard_llama(smol, tmp_path):
 
 
 def test_chat_format_image_slots_and_answer(smol):
-    from lab.aware.prompts import ChatEncoder
+    from lab.experiments.aware.prompts import ChatEncoder
 
     tok, _ = smol
     enc = ChatEncoder(tok, 4)
@@ -43,12 +43,13 @@ def test_chat_format_image_slots_and_answer(smol):
 
 def test_aware_step_on_minillava_and_checkpoint(smol, tmp_path):
     from lab.aware.config import AwareConfig
-    from lab.aware.finetune import MethodSpec, TrainConfig, finish, iterate, prepare, train
-    from lab.aware.minillava import MiniLlava
-    from lab.aware.prompts import ChatEncoder
+    from lab.aware.methods import MethodSpec, finish, prepare
+    from lab.experiments.aware.finetune import TrainConfig, iterate, train
+    from lab.experiments.aware.minillava import MiniLlava
+    from lab.experiments.aware.prompts import ChatEncoder
     from lab.aware.saliency import profile
-    from lab.aware.scoring import model_inputs
-    from lab.aware.tasks import QASet
+    from lab.experiments.aware.scoring import model_inputs
+    from lab.experiments.aware.tasks import QASet
 
     import numpy as np
 
@@ -63,6 +64,6 @@ def test_aware_step_on_minillava_and_checkpoint(smol, tmp_path):
     frac = info["trainable"] / info["total"]
     assert 0.05 < frac < 0.15                                 # ~0.7 x (q/k/v + projector) of 135M
     train(model, groups, qa, enc, TrainConfig(steps=1, batch_size=4), progress=False)
-    model = finish(model)
+    model = finish(model, "aware")
     model.save_pretrained(tmp_path)
     assert (tmp_path / "language_model" / "model.safetensors").exists()

@@ -7,8 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from lab.aware import tasks, tune
-from lab.aware.tasks import Task
+from lab.experiments.aware import tasks, tune
+from lab.experiments.aware.tasks import Task
 
 
 def test_validation_rows_are_disjoint_from_the_training_pool_and_seeded():
@@ -61,21 +61,20 @@ def test_bad_grids_fail_before_work():
 def test_tune_scores_on_validation_sets_and_never_on_test(monkeypatch, tmp_path):
     from test_aware_ablate import WORDS, toy   # the same tiny random mini-LLaVA and toy questions
 
-    from lab.aware import ablate
-    from lab.aware.prompts import ChatEncoder
-    from lab.aware.tiny import tiny_minillava, tiny_tokenizer
+    from lab.experiments.aware.context import SIZES, Context
+    from lab.experiments.aware.prompts import ChatEncoder
+    from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
 
     tok = tiny_tokenizer(WORDS)
-    size = replace(ablate.SIZES["smoke"], n_calib=8)
-    ctx = ablate.Context(tiny_minillava(tok, 8), ChatEncoder(tok, 4), Task("easy_vqa", toy(16, 0), toy(8, 1)),
-                         Task("probe", None, toy(6, 2, text=True)), {"fashion": Task("fashion", toy(16, 3), toy(8, 6))},
-                         size)
-    ctx.calib = {("upstream", 8): toy(8, 9)}
+    size = replace(SIZES["smoke"], n_calib=8)
+    ctx = Context(tiny_minillava(tok, 8), ChatEncoder(tok, 4), Task("easy_vqa", toy(16, 0), toy(8, 1)),
+                  Task("probe", None, toy(6, 2, text=True)), {"fashion": Task("fashion", toy(16, 3), toy(8, 6))},
+                  size, {("upstream", 8): toy(8, 9)})
     seen = []
 
     def fake_validation(c, task, n_val, **kw):
         v = replace(c, easy=Task("easy_vqa", c.easy.train, toy(n_val, 20)), probe=None,
-                    down={task: Task(task, c.down[task].train, toy(n_val, 21))}, before={})
+                    down={task: Task(task, c.down[task].train, toy(n_val, 21))})
         seen.append(v)
         return v
 
@@ -89,7 +88,8 @@ def test_tune_scores_on_validation_sets_and_never_on_test(monkeypatch, tmp_path)
     assert t[t.method == "aware"].downstream.iloc[0] == pytest.approx(mean)
     assert t.chosen.sum() == 2 and set(out["chosen"]) == {"full", "aware"}
     assert set(out["before"]) == {"easy_vqa"}                             # the text probe stays held out
-    assert ctx.before == {} and ctx.size == size                          # the sweep's context is untouched
+    assert ctx.size == size and set(ctx.calib) == {("upstream", 8)}       # the sweep's context is untouched
+    assert "lr@" not in str(seen[0].size) and seen[0].size == size        # lrs travel in the variants, not the size
     assert seen[0].easy.test is not ctx.easy.test and len(seen[0].down["fashion"].test) == 5
     full_chosen = t[(t.method == "full") & t.chosen].iloc[0]
     assert full_chosen.E == pytest.approx(100.0)

@@ -1,4 +1,4 @@
-"""lab.aware.views on hand-made saliency, masks and result tables (no model, no data)."""
+"""lab.experiments.aware.views on hand-made saliency, masks and result tables (no model, no data)."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from lab.aware import views
+from lab.experiments.aware import ablation_views, figures, profiling, prose, tables
+from lab.experiments.aware.study import Study
 from lab.aware.masking import select
 
 WIDTH = {"q_proj": 12, "k_proj": 4, "v_proj": 4}
@@ -41,56 +42,56 @@ def study(n_profiles=2):
     profiles = dict(list(profiles.items())[:n_profiles])
     g = torch.Generator().manual_seed(3)
     norms = {k: torch.rand(v.numel(), generator=g) for k, v in s.items()}
-    return views.Study(profiles, {k: v / v.norm() for k, v in norms.items()})
+    return Study(profiles, {k: v / v.norm() for k, v in norms.items()})
 
 
 def test_layer_names_are_parsed_into_targets_and_layers():
-    assert views.parse_layer(lm_name(12, "q_proj")) == ("q_proj", 12)
-    assert views.parse_layer("model.layers.3.mlp.down_proj") == ("down_proj", 3)
-    assert views.parse_layer("mm_projector.2") == ("projector", None)
-    assert views.parse_layer("model.multi_modal_projector.linear_1") == ("projector", None)
-    lt = views.layer_table(scores(layers=2))
+    assert tables.parse_layer(lm_name(12, "q_proj")) == ("q_proj", 12)
+    assert tables.parse_layer("model.layers.3.mlp.down_proj") == ("down_proj", 3)
+    assert tables.parse_layer("mm_projector.2") == ("projector", None)
+    assert tables.parse_layer("model.multi_modal_projector.linear_1") == ("projector", None)
+    lt = tables.layer_table(scores(layers=2))
     assert list(lt[lt.target == "projector"].layer) == [0, 1]
     assert list(lt[lt.target == "k_proj"].layer) == [0, 1] and set(lt.d_out) == {12, 4, 8}
 
 
 def test_relative_saliency_is_one_for_a_uniform_layer():
     v = torch.ones(16) / 4.0                       # unit norm, all equal
-    np.testing.assert_allclose(views.relative(v), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(tables.relative(v), 1.0, rtol=1e-6)
 
 
 def test_concentration_uniform_vs_heavy_tail():
     d = 100
     uniform = {lm_name(0, "q_proj"): torch.ones(d) / math.sqrt(d)}
-    c = views.concentration(uniform).iloc[0]
+    c = tables.concentration(uniform).iloc[0]
     assert c["top1%_share"] == pytest.approx(0.01) and c["top10%_share"] == pytest.approx(0.10)
     assert c["half_mass_frac"] == pytest.approx(0.5) and c["max_x_uniform"] == pytest.approx(1.0, rel=1e-5)
     v = torch.full((d,), 0.01)
     v[0] = 1.0                                      # one neuron holds ~99 % of the energy
-    h = views.concentration({lm_name(0, "q_proj"): v / v.norm()}).iloc[0]
+    h = tables.concentration({lm_name(0, "q_proj"): v / v.norm()}).iloc[0]
     assert h["top1%_share"] > 0.98 and h["half_mass_frac"] == pytest.approx(0.01)
-    summ = views.concentration_summary(views.concentration(scores()))
+    summ = tables.concentration_summary(tables.concentration(scores()))
     assert list(summ.target) == ["q_proj", "k_proj", "v_proj", "projector"] and (summ.layers > 0).all()
 
 
 def test_lorenz_curves_run_from_zero_to_one_and_dominate_uniform():
-    lz = views.lorenz(scores())
+    lz = tables.lorenz(scores())
     for t, df in lz.groupby("target"):
         y = df.energy_share.to_numpy()
         assert y[0] == pytest.approx(0) and y[-1] == pytest.approx(1)
         assert (np.diff(y) >= -1e-12).all()
         assert (y >= df.neuron_frac.to_numpy() - 1e-9).all(), t   # most-salient-first is above the diagonal
-    d = views.density(scores())
+    d = tables.density(scores())
     assert set(d.target) == {"q_proj", "k_proj", "v_proj", "projector"} and (d.density >= 0).all()
 
 
 def test_frozen_tables_global_vs_balanced():
     s = scores()
     bal = select(s, 0.5, "activation-balanced")
-    ft = views.frozen_table(bal)
+    ft = tables.frozen_table(bal)
     assert np.allclose(ft.fraction, 0.5) and ft.rows.sum() == sum(v.numel() for v in s.values())
     glob = select(s, 0.5)
-    by = views.frozen_by_target({"global": glob, "balanced": bal})
+    by = tables.frozen_by_target({"global": glob, "balanced": bal})
     assert by.loc["all targets", "global"] == pytest.approx(0.5) and by.loc["all targets", "balanced"] == pytest.approx(0.5)
     assert np.allclose(by["balanced"], 0.5)
 
@@ -99,25 +100,25 @@ def test_overlap_table_and_chance_levels():
     s, s2 = scores(), scores(seed=5)
     a = select(s, 0.3)
     sel = {"a": a, "same": {k: v.clone() for k, v in a.items()}, "other": select(s2, 0.3)}
-    ot = views.overlap_table(sel, "a").set_index("compared")
+    ot = tables.overlap_table(sel, "a").set_index("compared")
     assert ot.loc["same", "jaccard"] == pytest.approx(1.0) and ot.loc["same", "overlap"] == pytest.approx(1.0)
     p = sum(int(m.sum()) for m in a.values()) / sum(m.numel() for m in a.values())
     assert ot.loc["other", "chance_jaccard"] == pytest.approx(p / (2 - p))
-    jm = views.jaccard_matrix(sel)
+    jm = tables.jaccard_matrix(sel)
     assert jm.shape == (3, 3) and np.allclose(np.diag(jm), 1.0)
 
 
 def test_rank_agreement_is_spearman():
     s = scores()
-    assert views.rank_agreement(s, s) == pytest.approx(1.0)
-    assert views.rank_agreement(s, {k: -v for k, v in s.items()}) == pytest.approx(-1.0)
+    assert tables.rank_agreement(s, s) == pytest.approx(1.0)
+    assert tables.rank_agreement(s, {k: -v for k, v in s.items()}) == pytest.approx(-1.0)
 
 
 def test_study_reselects_like_the_library_including_weight_norm():
     lins = {n: nn.Linear(3, v.numel()) for n, v in scores().items()}
     from lab.aware.masking import row_norms
 
-    st = views.Study({"p": scores()}, row_norms(lins))
+    st = Study({"p": scores()}, row_norms(lins))
     got = st.select("p", 0.4, "weight-norm")
     want = select(scores(), 0.4, "weight-norm", weights=lins)
     assert all(torch.equal(got[k], want[k]) for k in want)
@@ -134,7 +135,7 @@ def test_why_global_explains_which_targets_the_global_rule_freezes():
     heavy_wide[:2] = 0.7                                   # two huge neurons, the rest far below 1/sqrt(64)
     s = {lm_name(0, "v_proj"): flat_narrow, lm_name(0, "q_proj"): heavy_wide / heavy_wide.norm()}
     masks = select(s, 0.3)
-    w = views.why_global(s, masks).set_index("target")
+    w = tables.why_global(s, masks).set_index("target")
     assert w.loc["v_proj", "frozen"] == 1.0 and w.loc["q_proj", "frozen"] == pytest.approx(8 / 64)   # 24 rows: all v first
     assert w.loc["v_proj", "median_s"] >= w.loc["v_proj", "global_threshold_s"] >= w.loc["q_proj", "median_s"]
     assert w.loc["q_proj", "equal_share_s"] == pytest.approx(1 / 8)
@@ -143,31 +144,31 @@ def test_why_global_explains_which_targets_the_global_rule_freezes():
 def test_parameter_budget_counts_trainable_rows():
     model = nn.ModuleDict({"q_proj": nn.Linear(5, 4), "other": nn.Linear(5, 5, bias=False)})
     masks = {"q_proj": torch.tensor([True, False, False, True])}
-    b = views.parameter_budget(model, masks)
+    b = tables.parameter_budget(model, masks)
     assert b["trainable"] == 2 * (5 + 1) and b["total"] == 24 + 25 and b["target_params"] == 24
     assert b["trainable_frac"] == pytest.approx(12 / 49)
 
 
 def test_saliency_figures():
     s = scores()
-    fig = views.saliency_heatmaps(s)
+    fig = figures.saliency_heatmaps(s)
     assert len(fig.data) == 4 and fig.layout.coloraxis.colorscale
-    srt = views.saliency_heatmaps(s, sort=True)
+    srt = figures.saliency_heatmaps(s, sort=True)
     z = np.asarray(srt.data[0].z, dtype=float)
     assert (np.diff(z, axis=1) <= 1e-9).all()          # each row non-increasing when sorted
     masks = select(s, 0.3)
-    m = views.mask_image(masks, "q_proj")
+    m = figures.mask_image(masks, "q_proj")
     assert set(np.unique(np.asarray(m.data[0].z, dtype=float))) <= {0.0, 1.0}
-    assert len(views.frozen_by_layer({"global": masks}).data) == 4
-    prof = views.layer_profile(s, lm_name(0, "q_proj"), masks[lm_name(0, "q_proj")])
+    assert len(figures.frozen_by_layer({"global": masks}).data) == 4
+    prof = figures.layer_profile(s, lm_name(0, "q_proj"), masks[lm_name(0, "q_proj")])
     assert len(prof.data[0].y) == 12
-    assert len(views.lorenz_figure(s).data) == 5 and len(views.density_figure(s).data) == 4
+    assert len(figures.lorenz_figure(s).data) == 5 and len(figures.density_figure(s).data) == 4
     with pytest.raises(ValueError, match="no layers of target"):
-        views.mask_image(masks, "gate_proj")
+        figures.mask_image(masks, "gate_proj")
 
 
 def results_table():
-    """A tidy table shaped like lab.aware.ablate.sweep's (two seeds), with shared reference rows."""
+    """A tidy table shaped like lab.experiments.aware.ablate.sweep's (two seeds), with shared reference rows."""
     rows = []
     spec = [("methods", "zero-shot", "zero-shot", np.nan, 100, 40), ("methods", "full", "full", np.nan, 60, 100),
             ("methods", "lora", "lora", np.nan, 85, 90), ("methods", "dora", "dora", np.nan, 86, 91),
@@ -187,7 +188,7 @@ def results_table():
 
 
 def test_summary_orders_groups_and_relabels_the_calibration_reference():
-    s = views.summary(results_table())
+    s = ablation_views.summary(results_table())
     assert (s.seeds == 2).all()
     rho = s[s.group == "rho"]
     assert list(rho.variant) == ["rho=0", "rho=0.3", "rho=0.9"]
@@ -198,18 +199,18 @@ def test_summary_orders_groups_and_relabels_the_calibration_reference():
 
 def test_findings_and_ablation_figures():
     res = results_table()
-    f = views.findings(res)
+    f = ablation_views.findings(res)
     assert f["aware_R"] == pytest.approx(95.5) and f["full_E"] == pytest.approx(100)
     assert f["best_rho"] == pytest.approx(0.3) and math.isnan(f["rule_balanced_H"])
-    fig = views.tradeoff(res)
+    fig = ablation_views.tradeoff(res)
     assert list(fig.data[0].x) == pytest.approx([100, 97, 80])               # rho = 0, 0.3, 0.9
     assert {t.name for t in fig.data[1:]} == {"zero-shot", "full", "lora", "dora"}
-    assert len(views.rho_curves(res).data) == 3
-    assert len(views.rhe_bars(res, "rule").data) == 3
-    missing = views.rhe_bars(res, "targets")                  # not swept: a note, not an empty chart
+    assert len(ablation_views.rho_curves(res).data) == 3
+    assert len(ablation_views.rhe_bars(res, "rule").data) == 3
+    missing = ablation_views.rhe_bars(res, "targets")                  # not swept: a note, not an empty chart
     assert not missing.data and "not in this run" in missing.layout.annotations[0].text
-    assert "not in this run" in views.continual_figure(pd.DataFrame()).layout.annotations[0].text
-    text = views.describe_ablation({"results": res, "config": {"task": "even"}, "continual_summary": pd.DataFrame()})
+    assert "not in this run" in ablation_views.continual_figure(pd.DataFrame()).layout.annotations[0].text
+    text = ablation_views.describe_ablation({"results": res, "config": {"task": "even"}, "continual_summary": pd.DataFrame()})
     assert "chance 0.500 (2 options)" in text and "aware R 95.5" in text
 
 
@@ -221,32 +222,32 @@ def test_continual_figures():
             for j in order[: i + 1]:
                 rows.append({"method": m, "seed": 0, "stage": i, "stage_task": t, "task": j, "acc": 0.5})
         rows.append({"method": m, "seed": 0, "stage": 2, "stage_task": "even", "task": "upstream:easy_vqa", "acc": 0.9})
-    fig = views.continual_figure(pd.DataFrame(rows))
+    fig = ablation_views.continual_figure(pd.DataFrame(rows))
     assert {t.name for t in fig.data} == set(order)
     cs = pd.DataFrame([{"method": m, "seed": 0, "avg": 0.5, "last": 0.5, "bwt": -0.1, "stage0_avg": 0.5,
                         "stage1_avg": 0.5, "stage2_avg": 0.5, "R_after_sequence": 90.0} for m in ("full", "aware")])
-    assert len(views.continual_bars(cs).data) == 2
+    assert len(ablation_views.continual_bars(cs).data) == 2
 
 
 def test_load_run_reads_tables_and_fails_clearly(tmp_path, monkeypatch):
     from lab._io import write_json, write_table
 
     with pytest.raises(FileNotFoundError, match="not an AWARe ablation run"):
-        views.load_run(tmp_path)
+        ablation_views.load_run(tmp_path)
     write_table(tmp_path / "results", results_table())
     write_json(tmp_path / "config.json", {"seeds": [0, 1]})
-    run = views.load_run(tmp_path)
+    run = ablation_views.load_run(tmp_path)
     assert len(run["results"]) == len(results_table()) and run["config"]["seeds"] == [0, 1]
     assert run["continual"].empty
     newest = tmp_path / "runs" / "aware" / "20990101-000000-ablate-fashion-1-x"
     newest.mkdir(parents=True)
     write_json(newest / "config.json", {"seeds": [3]})
     monkeypatch.setenv("LAB_RUNS_DIR", str(tmp_path / "runs"))
-    assert views.load_run("latest")["run_dir"] == newest
+    assert ablation_views.load_run("latest")["run_dir"] == newest
 
 
 def test_sweep_size_overrides_train_config():
-    size = views.sweep_size("smoke", steps=3, batch_size=2, n_eval=5, rhos=(0.0, 0.5))
+    size = ablation_views.sweep_size("smoke", steps=3, batch_size=2, n_eval=5, rhos=(0.0, 0.5))
     assert size.train.steps == 3 and size.train.batch_size == 2 and size.n_eval == 5 and size.rhos == (0.0, 0.5)
 
 
@@ -254,9 +255,9 @@ def test_profile_nested_equals_profiling_each_nested_set():
     """The first-n profiles, combined from chunks, are the profiles of the first n samples."""
     from types import SimpleNamespace
 
-    from lab.aware.prompts import ChatEncoder
-    from lab.aware.tasks import QASet
-    from lab.aware.tiny import tiny_minillava, tiny_tokenizer
+    from lab.experiments.aware.prompts import ChatEncoder
+    from lab.experiments.aware.tasks import QASet
+    from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
 
     words = ["red", "blue", "green", "what", "color", "is", "it", "?"]
     tok = tiny_tokenizer(words)
@@ -266,9 +267,9 @@ def test_profile_nested_equals_profiling_each_nested_set():
     ctx = SimpleNamespace(base=tiny_minillava(tok, 8), enc=ChatEncoder(tok, 4),
                           calib={("upstream", 20): qa, ("upstream", 5): qa.subset(range(5)),
                                  ("upstream", 12): qa.subset(range(12))})
-    nested = views.profile_nested(ctx, (5, 12), progress=False)
+    nested = profiling.profile_nested(ctx, (5, 12), progress=False)
     assert list(nested) == [("upstream", 20), ("upstream", 12), ("upstream", 5)]
-    direct = views.profile_sets(ctx, list(nested), progress=False)
+    direct = profiling.profile_sets(ctx, list(nested), progress=False)
     for k in nested:
         assert nested[k].n_samples == k[1]
         for n in direct[k].scores:
@@ -277,31 +278,31 @@ def test_profile_nested_equals_profiling_each_nested_set():
 
 def test_calibration_agreement_and_findings():
     st = study()
-    agree, sel = views.calibration_agreement(st, 0.3, "upstream-8")
+    agree, sel = tables.calibration_agreement(st, 0.3, "upstream-8")
     assert list(agree.compared) == ["proxy-8", "weight-norm", "random"]
     assert agree.jaccard.between(0, 1).all() and np.isnan(agree.set_index("compared").loc["random", "spearman"])
     assert -1 <= agree.set_index("compared").loc["proxy-8", "spearman"] <= 1
-    fig = views.calibration_size_figure(agree)
+    fig = figures.calibration_size_figure(agree)
     assert fig.layout.xaxis.type == "log"
-    f = views.saliency_findings(st, rho=0.3)
+    f = prose.saliency_findings(st, rho=0.3)
     assert f["reference"] == "upstream-8" and 0 < f["q_proj_top1_share"] <= 1 and "jaccard_proxy-8" in f
-    text = views.describe_saliency(f, st)
+    text = prose.describe_saliency(f, st)
     assert "Heavy tail" in text and f"{f['jaccard_proxy-8']:.2f}" in text and "nan" not in text
-    assert views.layer_name(st.profiles["upstream-8"], "k_proj", 99) == lm_name(2, "k_proj")   # clamped
+    assert tables.layer_name(st.profiles["upstream-8"], "k_proj", 99) == lm_name(2, "k_proj")   # clamped
 
 
 def test_target_summary_counts_layer_shapes():
-    from lab.aware.tiny import tiny_minillava, tiny_tokenizer
+    from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
 
     model = tiny_minillava(tiny_tokenizer(["a"]), 8)
-    ts = views.target_summary(model).set_index("target")
+    ts = tables.target_summary(model).set_index("target")
     assert ts.loc["q_proj", "layers"] == 2 and ts.loc["projector", "layers"] == 2
     assert ts.loc["projector", "d_in"] == 32 and ts["share_of_model_%"].sum() < 100
 
 
 def test_run_info_summarises_a_run():
     res = results_table().assign(step_s=2.0, train_s=12.0)
-    line = views.run_info({"run_dir": "x", "results": res, "config": {"timings": {"total_s": 61.0, "seeds": 1}}})
+    line = ablation_views.run_info({"run_dir": "x", "results": res, "config": {"timings": {"total_s": 61.0, "seeds": 1}}})
     assert "20 runs (2 seed(s))" in line and "median training step 2.00 s" in line and "total 61 s" in line
 
 
@@ -309,25 +310,25 @@ def test_study_saves_and_loads_and_reads_runner_files(tmp_path):
     st = study()
     st.n_samples = {"upstream-8": 8, "proxy-8": 8}
     st.save(tmp_path / "a")
-    back = views.Study.load(tmp_path / "a")
+    back = Study.load(tmp_path / "a")
     assert back.labels == ["upstream-8", "proxy-8"] and back.n_samples["upstream-8"] == 8
     for lab_ in st.labels:
         for rule in ("activation-global", "weight-norm"):
             a, b = st.select(lab_, 0.3, rule), back.select(lab_, 0.3, rule)
             assert all(torch.equal(a[k], b[k]) for k in a)
     # the runner's layout (no norms): activation rules work, weight-norm explains what is missing
-    from lab.aware.ablate import _save_saliency
+    from lab.experiments.aware.ablate import _save_saliency
     from lab.aware.saliency import Saliency
 
     _save_saliency(tmp_path / "run", ("upstream", 8), Saliency(scores(), 8, 1.0))
-    run = views.Study.load(tmp_path / "run")
+    run = Study.load(tmp_path / "run")
     assert run.labels == ["upstream-8"] and run.select("upstream-8", 0.3)
     with pytest.raises(ValueError, match="weight-row norms"):
         run.select("upstream-8", 0.3, "weight-norm")
 
 
 def test_majority_rate_of_the_fixed_test_questions():
-    rate = views.majority_rate("fashion", 16)
+    rate = ablation_views.majority_rate("fashion", 16)
     if rate is None:
         pytest.skip("fashion_mnist_mini not available here")
     assert 1 / 10 <= rate <= 1 and (rate * 16).is_integer()

@@ -1,0 +1,197 @@
+"""Fine-tuning methods compared with AWARe, one registry entry each (docs/aware.md, "Baselines").
+
+Every method honours one contract (a subclass of :class:`Method`, registered by name)::
+
+    @register_method("my-method")
+    class MyMethod(Method):
+        def prepare(self, model, spec, cfg, saliency=None) -> (model, parameter groups, info): ...
+        def finish(self, model) -> model: ...          # back to a standard model
+
+:func:`prepare` freezes every parameter first, so an entry only switches on what trains (and at
+which learning rate: ``cfg`` is the optimisation recipe, anything with the fields ``lr``,
+``lr_projector``, ``lr_adapter`` and ``aware_lr`` of :class:`lab.experiments.aware.finetune.TrainConfig`);
+it then counts ``(trainable, total)`` into ``info``. The built-in entries:
+
+- ``zero-shot``: nothing trains.
+- ``full``: the whole language model and the projector.
+- ``lora`` / ``dora``: peft adapters (``LoraConfig(use_dora=...)``) on the *same* language-model
+  target Linears as AWARe (q/k/v); as in LLaVA-1.5's LoRA recipe the projector, when it is a target,
+  trains fully at the projector lr. The rank makes the trainable count match AWARe's
+  (:func:`matched_lora_rank`).
+- ``aware``: select -> row split (:mod:`lab.aware.masking`, :mod:`lab.aware.freeze`) from a
+  saliency profile computed beforehand (:func:`lab.aware.saliency.profile`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from lab._registry import Registry
+from lab.aware.config import AwareConfig
+from lab.aware.freeze import apply, merge, trainable_parameters
+from lab.aware.masking import needs_saliency, select
+from lab.aware.saliency import Saliency
+from lab.aware.targets import find_targets, is_projector
+
+METHODS = Registry("method")
+
+
+def register_method(name: str):
+    """Record a :class:`Method` subclass under ``name`` (one entry in one file adds a method)."""
+    return METHODS.register(name)
+
+
+def method_names() -> tuple[str, ...]:
+    """Every registered method, in registration order (the sweep runs them in this order)."""
+    return tuple(METHODS.names())
+
+
+def get_method(name: str) -> "Method":
+    return METHODS.create(name)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    method: str = "aware"
+    aware: AwareConfig = field(default_factory=AwareConfig)
+    lora_rank: int | None = None    # None: matched to AWARe's trainable count on the same targets
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose from {list(method_names())}")
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "lora_rank": self.lora_rank, **self.aware.to_dict()}
+
+
+class Method:
+    """One fine-tuning method. ``prepare`` receives a fully frozen model."""
+
+    def needs_saliency(self, spec: MethodSpec) -> bool:
+        """Whether :meth:`prepare` needs an activation profile of the base model for ``spec``."""
+        return False
+
+    def prepare(self, model: nn.Module, spec: MethodSpec, cfg: Any,
+                saliency: Saliency | None = None) -> tuple[nn.Module, list[dict], dict]:
+        raise NotImplementedError
+
+    def finish(self, model: nn.Module) -> nn.Module:
+        return model
+
+
+def param_groups(model: nn.Module, lr: float, lr_projector: float) -> list[dict]:
+    """AdamW groups over the parameters that require grad: the projector's at ``lr_projector``."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    proj = [p for n, p in named if is_projector(n)]
+    rest = [p for n, p in named if not is_projector(n)]
+    return [g for g in ({"params": rest, "lr": lr}, {"params": proj, "lr": lr_projector}) if g["params"]]
+
+
+def _split_targets(model: nn.Module, aware: AwareConfig) -> tuple[dict, dict]:
+    layers = find_targets(model, aware.targets, exclude=aware.exclude)
+    proj = {n: m for n, m in layers.items() if is_projector(n)}
+    return {n: m for n, m in layers.items() if n not in proj}, proj
+
+
+def matched_lora_rank(model: nn.Module, aware: AwareConfig) -> int:
+    """LoRA rank r such that LoRA's trainable count — ``r * sum(d_in + d_out)`` over the language-model
+    targets, plus the whole projector when it is a target — equals AWARe's, ``(1 - rho)`` of all
+    target rows (weights and biases). Rounded, at least 1."""
+    lm_layers, proj_layers = _split_targets(model, aware)
+    if not lm_layers:
+        raise ValueError("LoRA needs at least one language-model target (e.g. q_proj)")
+    size = lambda m: m.weight.numel() + (m.out_features if m.bias is not None else 0)  # noqa: E731
+    aware_count = (1 - aware.rho) * sum(size(m) for m in {**lm_layers, **proj_layers}.values())
+    proj_count = sum(size(m) for m in proj_layers.values())
+    per_rank = sum(m.in_features + m.out_features for m in lm_layers.values())
+    return max(1, round((aware_count - proj_count) / per_rank))
+
+
+@register_method("zero-shot")
+class ZeroShot(Method):
+    def prepare(self, model, spec, cfg, saliency=None):
+        return model, [], {}
+
+
+@register_method("full")
+class Full(Method):
+    def prepare(self, model, spec, cfg, saliency=None):
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model, param_groups(model, cfg.lr, cfg.lr_projector), {}
+
+
+class _LoRA(Method):
+    dora = False
+
+    def prepare(self, model, spec, cfg, saliency=None):
+        from peft import LoraConfig, get_peft_model
+
+        rank = spec.lora_rank or matched_lora_rank(model, spec.aware)
+        lm_layers, proj_layers = _split_targets(model, spec.aware)
+        model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                                 target_modules=list(lm_layers), use_dora=self.dora))
+        for name in proj_layers:   # LLaVA's LoRA recipe: the projector itself trains fully
+            for p in model.get_submodule("base_model.model." + name).parameters():
+                p.requires_grad_(True)
+        return model, param_groups(model, cfg.lr_adapter, cfg.lr_projector), {"lora_rank": rank}
+
+    def finish(self, model):
+        return model.merge_and_unload()
+
+
+@register_method("lora")
+class LoRA(_LoRA):
+    pass
+
+
+@register_method("dora")
+class DoRA(_LoRA):
+    dora = True
+
+
+@register_method("aware")
+class Aware(Method):
+    def needs_saliency(self, spec):
+        return needs_saliency(spec.aware.rule)
+
+    def prepare(self, model, spec, cfg, saliency=None):
+        layers = find_targets(model, spec.aware.targets, exclude=spec.aware.exclude)
+        if self.needs_saliency(spec):
+            if saliency is None:
+                raise ValueError("activation rules need a saliency profile (lab.aware.profile)")
+            missing = set(layers) - set(saliency.scores)
+            if missing:
+                raise ValueError(f"saliency lacks {len(missing)} target layers, e.g. {sorted(missing)[:3]}")
+            scores = {n: saliency.scores[n] for n in layers}
+        else:
+            scores = {n: torch.zeros(m.out_features) for n, m in layers.items()}
+        masks = select(scores, spec.aware.rho, spec.aware.rule, weights=layers, seed=spec.aware.seed)
+        apply(model, masks)
+        return model, param_groups(model, cfg.aware_lr, cfg.lr_projector), {"masks": masks}
+
+    def finish(self, model):
+        return merge(model)
+
+
+def prepare(model: nn.Module, spec: MethodSpec, cfg: Any, *,
+            saliency: Saliency | None = None) -> tuple[nn.Module, list[dict], dict]:
+    """Make ``model`` trainable the way ``spec`` says; return (model, optimizer groups, info)."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model, groups, info = get_method(spec.method).prepare(model, spec, cfg, saliency)
+    info["trainable"], info["total"] = trainable_parameters(model)
+    return model, groups, info
+
+
+def finish(model: nn.Module, method: str) -> nn.Module:
+    """Back to a standard model (adapters merged, rows written back), in eval mode."""
+    return get_method(method).finish(model).eval()
+
+
+def uses_saliency(spec: MethodSpec) -> bool:
+    """Whether ``spec`` needs an activation profile of the base model before :func:`prepare`."""
+    return get_method(spec.method).needs_saliency(spec)
