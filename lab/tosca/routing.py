@@ -155,7 +155,7 @@ def mahalanobis(x: torch.Tensor, means: torch.Tensor, precision: torch.Tensor) -
 def _mahalanobis(logits, ctx):
     ctx.need("mahalanobis", "features", "class_means", "scatter", "task_of_class")
     cov = ctx.scatter.double() / max(ctx.scatter_count - 1, 1)
-    precision = torch.linalg.pinv(shrink(cov), hermitian=True)
+    precision = torch.cholesky_inverse(torch.linalg.cholesky(shrink(cov)))  # shrunk: positive definite
     dist = mahalanobis(ctx.features.double(), ctx.class_means.double(), precision)
     return _nearest_class_task(dist, ctx).to(logits.device)
 

@@ -196,7 +196,7 @@ class FeCAM(_Stored):
             sd = cov.diagonal().clamp_min(1e-12).sqrt()
             cov = cov / (sd[:, None] * sd[None, :])  # FeCAM's normalize_cov
             means.append(F.normalize(xc.mean(0), dim=0))
-            precs.append(torch.linalg.pinv(cov, hermitian=True))
+            precs.append(torch.cholesky_inverse(torch.linalg.cholesky(cov)))  # shrunk: positive definite
         self.state = {"means": torch.cat([self.state["means"], torch.stack(means).float()]),
                       "precisions": torch.cat([self.state["precisions"], torch.stack(precs).float()])}
 
@@ -246,8 +246,8 @@ class RanPAC(_Stored):
                                                     dtype=torch.float64)], 1)
         G, Q = self.state["G"] + h.T @ h, Q + h.T @ Y
         ridge = self._choose_ridge(h, Y, torch.Generator().manual_seed(self.cfg.seed + t))
-        evals, evecs = torch.linalg.eigh(G)
-        Wo = evecs @ ((evecs.T @ Q) / (evals + ridge)[:, None])  # (G + λI)⁻¹ Q
+        eye = torch.eye(len(G), dtype=G.dtype)
+        Wo = torch.cholesky_solve(Q, torch.linalg.cholesky(G + ridge * eye))  # (G + λI)⁻¹ Q
         self.state.update(G=G, Q=Q, Wo=Wo.float(), ridge=torch.tensor([ridge]))
 
     @staticmethod

@@ -1,0 +1,171 @@
+"""The TOSCA study: seeds x scenarios x (TOSCA under every router, with each initialisation) and
+the cheap baselines, on cached features -> tidy tables with 95 % intervals over seeds.
+
+    python -m lab.experiments.tosca.study --out results/tosca            # the committed tables
+    python -m lab.experiments.tosca.study --seeds 1993 --epochs 2 --out /tmp/x   # a quick look
+
+A sweep is a list of frozen :class:`~lab.experiments.tosca.run.RunConfig` variants built by one
+pure function (:func:`variants`) and mapped by :func:`run_all`. Written into ``--out``:
+
+* ``runs.csv``    one row per (scenario, seed, method, head_init, luca_init, routing): Ā, A_B,
+                  routing accuracy (last stage and mean over stages), all in percent; seconds
+* ``summary.csv`` per (scenario, method, head_init, luca_init, routing): seeds, mean and the 95 %
+                  t-interval half-width over seeds of each of those numbers
+* ``manifest.json`` the exact command, sha256 of the lab/tosca and lab/experiments/tosca sources,
+                  date, machine, torch threads, wall time
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import platform
+import sys
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .run import RunConfig
+
+SCENARIOS = ("fashion_mnist_mini", "mnist_5k+fashion_mnist_mini")
+BASELINES = ("simplecil", "ncm", "fecam", "ranpac")
+INITS = (("reference", "reference"), ("uniform", "xavier"), ("uniform", "reference"), ("reference", "xavier"))
+METRICS = ("avg_inc_acc", "last_acc", "routing_accuracy_last", "routing_accuracy_mean")
+
+
+def variants(base: RunConfig, *, scenarios, seeds, baselines=BASELINES, inits=INITS, routings=None) -> list[RunConfig]:
+    """Every run of the study as a frozen config: per scenario and seed, TOSCA once per
+    (head_init, luca_init) — evaluated under every routing — and each baseline once."""
+    from lab.tosca.routing import list_routings
+
+    routings = tuple(routings or list_routings())
+    out = []
+    for scenario, seed in itertools.product(scenarios, seeds):
+        common = dict(datasets=tuple(scenario.split("+")), seed=int(seed))
+        out += [replace(base, method="tosca", head_init=h, luca_init=lu, routings=routings, **common)
+                for h, lu in inits]
+        out += [replace(base, method=m, **common) for m in baselines]
+    return out
+
+
+def _data(cfg: RunConfig, cache: dict):
+    """ScenarioData per (datasets, seed, resolution): the class order depends on the seed; the
+    feature cache makes a second scenario over the same datasets cheap."""
+    from lab import backbones, data, features
+
+    from .methods import ScenarioData
+
+    key = (cfg.datasets, cfg.seed, cfg.init, cfg.inc, cfg.resolution)
+    if key not in cache:
+        scn = data.scenario(list(cfg.datasets), init=cfg.init, inc=cfg.inc, seed=cfg.seed)
+        bb = backbones.load(cfg.backbone, resolution=cfg.resolution)
+        cache[key] = ScenarioData.from_scenario(scn, features.scenario_features(scn, bb, progress=False))
+    return cache[key]
+
+
+def run_all(configs, runs_root, *, log=print) -> list[dict]:
+    """Run every config (features shared), one tidy row per (config, routing)."""
+    from .run import run
+
+    cache, rows = {}, []
+    for i, cfg in enumerate(configs):
+        t0 = time.perf_counter()
+        res = run(cfg, data=_data(cfg, cache), runs_root=runs_root, progress=False)
+        secs = time.perf_counter() - t0
+        for r in res.summary.to_dict("records"):
+            rows.append({"scenario": "+".join(cfg.datasets), "seed": cfg.seed, "method": cfg.method,
+                         "head_init": cfg.head_init if cfg.method == "tosca" else "",
+                         "luca_init": cfg.luca_init if cfg.method == "tosca" else "",
+                         "routing": r["routing"], **{m: r[m] for m in METRICS[:2]},
+                         **{m: 100 * r[m] for m in METRICS[2:]}, "seconds": secs})  # routing accuracy in %
+        log(f"[{i + 1}/{len(configs)}] {cfg.method} {'+'.join(cfg.datasets)} seed {cfg.seed} "
+            f"{cfg.head_init}/{cfg.luca_init}: {secs:.1f} s")
+    return rows
+
+
+def t_interval(values) -> tuple[float, float]:
+    """Mean and the half-width of the 95 % Student-t interval (NaN half-width for one value)."""
+    import numpy as np
+    from scipy import stats
+
+    v = np.asarray([x for x in values if x == x], dtype=float)  # drop NaN
+    if len(v) == 0:
+        return float("nan"), float("nan")
+    if len(v) == 1:
+        return float(v[0]), float("nan")
+    return float(v.mean()), float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
+
+
+def summarise(rows):
+    """Mean and 95 % t-interval over seeds per (scenario, method, head_init, luca_init, routing)."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    keys = ["scenario", "method", "head_init", "luca_init", "routing"]
+    out = []
+    for key, g in df.groupby(keys, sort=False):
+        row = dict(zip(keys, key), seeds=len(g))
+        for m in METRICS:
+            row[m], row[f"{m}_ci95"] = t_interval(g[m])
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def _sources_sha256() -> dict:
+    root = Path(__file__).resolve().parents[2]
+    files = sorted([*(root / "tosca").glob("*.py"), *(root / "experiments" / "tosca").glob("*.py")])
+    return {str(f.relative_to(root.parent)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab.experiments.tosca.study", description=__doc__.split("\n")[0])
+    p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), help="datasets, '+' chains them")
+    p.add_argument("--seeds", nargs="+", type=int, default=[1993, 1994, 1995])
+    p.add_argument("--baselines", nargs="*", default=list(BASELINES))
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--inc", type=int, default=2)
+    p.add_argument("--resolution", type=int, default=None)
+    p.add_argument("--out", default="results/tosca")
+    args = p.parse_args(argv)
+    import tempfile
+
+    import torch
+
+    from lab import _io
+
+    base = RunConfig(epochs=args.epochs, inc=args.inc, resolution=args.resolution)
+    configs = variants(base, scenarios=args.scenarios, seeds=args.seeds, baselines=args.baselines)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sources = _sources_sha256()  # before the runs: the code that produced the numbers
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as runs_root:
+        rows = run_all(configs, runs_root)
+    wall = time.perf_counter() - t0
+    import pandas as pd
+
+    _write_csv(out / "runs.csv", pd.DataFrame(rows))
+    _write_csv(out / "summary.csv", summarise(rows))
+    manifest = {"command": "python -m lab.experiments.tosca.study " + " ".join(argv if argv is not None else sys.argv[1:]),
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                            "python": platform.python_version(), "torch": torch.__version__,
+                            "torch_threads": torch.get_num_threads()},
+                "wall_seconds": round(wall, 1), "runs": len(configs), "base_config": base.to_dict(),
+                "sources_sha256": sources}
+    _io.write_json(out / "manifest.json", manifest)
+    print(f"wrote {out}/runs.csv, summary.csv, manifest.json ({wall:.0f} s)")
+    return 0
+
+
+def _write_csv(path: Path, df) -> None:
+    """Atomically: a temporary file beside it, then a rename."""
+    tmp = path.with_suffix(".csv.tmp")
+    df.to_csv(tmp, index=False, float_format="%.4f")
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
