@@ -1,6 +1,6 @@
 """Numbers a structural clean-up must not change, recomputed and compared with a stored fixture.
 
-``tests/data/regression_numbers.json`` holds them with the commit they were captured at:
+``tests/fixtures/regression_numbers.json`` holds them with the commit they were captured at:
 
 * TOSCA: notebook 02's method table (TOSCA under every routing, SimpleCIL, fine-tuning, joint) at
   seed 1993 with the notebook's smoke parameters (MNIST-5k, B0 Inc2, 64 px, 2 epochs) on the real
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-FIXTURE = Path(__file__).parent / "data" / "regression_numbers.json"
+FIXTURE = Path(__file__).parent / "fixtures" / "regression_numbers.json"
 SEED = 1993
 TOSCA_SMOKE = dict(datasets=("mnist_5k",), backbone="efficientnet_lite0", resolution=64, init=0, inc=2,
                    epochs=2, l1=5e-4)
