@@ -33,7 +33,10 @@ from ._base import Method, register
 
 def train_head(head: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: ToscaConfig,
                generator: torch.Generator, *, what: str = "head", on_epoch=None) -> list[float]:
-    """Train ``head`` alone on features ``x [n, d]`` with CE and TOSCA's optimiser; per-epoch losses."""
+    """Train ``head`` alone on features ``x [n, d]`` with CE and TOSCA's optimiser; per-epoch losses.
+    Runs on ``cfg.device``: the head moves there, ``x`` and ``y`` are copied there."""
+    head.to(cfg.device)
+    x, y = x.to(cfg.device), y.to(cfg.device)
     with cpu_threads(cfg.threads):
         return _train_head(head, x, y, cfg, generator, what, on_epoch)
 
@@ -43,7 +46,7 @@ def _train_head(head, x, y, cfg, generator, what, on_epoch) -> list[float]:
     bufs = [torch.zeros_like(p) for p in params]
     losses = []
     for epoch in range(cfg.epochs):
-        lr, total = cosine_lr(cfg, epoch), torch.zeros(())
+        lr, total = cosine_lr(cfg, epoch), torch.zeros((), device=x.device)
         for idx in torch.randperm(len(y), generator=generator).split(cfg.batch_size):
             loss = F.cross_entropy(head(x[idx]), y[idx])
             sgd_step(params, torch.autograd.grad(loss, params), bufs, lr=lr, momentum=cfg.momentum,
@@ -110,10 +113,10 @@ class FineTune(Method):
 
     @torch.no_grad()
     def logits(self, data, idx) -> torch.Tensor:
-        return self.head(data.test_x[idx])[None]
+        return self.head(data.test_x[idx].to(self.head.weight.device)).cpu()[None]
 
     def task_tensors(self, t) -> dict:
-        return {"head.weight": self.head.weight.detach(), "head.bias": self.head.bias.detach()}
+        return {"head.weight": self.head.weight.detach().cpu(), "head.bias": self.head.bias.detach().cpu()}
 
     def restore_task(self, t, tensors, classes, data) -> None:
         w = tensors["head.weight"]
