@@ -1,6 +1,6 @@
 """The shared, read-only inputs of every AWARe experiment: how big (:class:`Size`), and what is
 built once (:class:`Context`: the aligned mini-LLaVA, its chat encoder, the upstream and downstream
-tasks, the calibration sets). :func:`setup` is the one way to build it (docs/aware.md, "Setup").
+tasks, the calibration sets). :func:`setup` is the one way to build it (docs/aware.md, "The offline miniature").
 """
 from __future__ import annotations
 
