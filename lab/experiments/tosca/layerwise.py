@@ -113,8 +113,9 @@ class LayerwiseAdapter(Method):
         cfg, gen = self.cfg, torch.Generator().manual_seed(self.cfg.seed)
         torch.manual_seed(cfg.seed)
         self._build()
+        dev = self.backbone.device  # train where the backbone lives (the run moves it to cfg.device)
         self.train_head = CosineHead(self.backbone.feature_dim, len(classes), scale=cfg.head_scale,
-                                     param=cfg.head_scale_param)
+                                     param=cfg.head_scale_param).to(dev)
         params = [*adapter_parameters(self.adapted.model), *self.train_head.parameters()]
         bufs = [torch.zeros_like(p) for p in params]
         for epoch in range(cfg.epochs):
@@ -123,7 +124,7 @@ class LayerwiseAdapter(Method):
                 x = self.adapted.preprocess(images[idx.numpy()]).float()
                 if self.augment:
                     x = random_resized_crop_flip(x, gen)
-                loss = F.cross_entropy(self.train_head(self.adapted.features(x)), y[idx])
+                loss = F.cross_entropy(self.train_head(self.adapted.features(x)), y[idx].to(dev))
                 sgd_step(params, torch.autograd.grad(loss, params), bufs, lr=lr, momentum=cfg.momentum,
                          weight_decay=cfg.weight_decay)
                 total += float(loss.detach()) * len(idx)
@@ -156,7 +157,7 @@ class LayerwiseAdapter(Method):
         out = {"head.weight": self.head.weight.detach()}
         if t == 0:
             ad = adapter_parameters(self.adapted.model)
-            out.update({f"adapter.{i}": p.detach() for i, p in enumerate(ad)})
+            out.update({f"adapter.{i}": p.detach().cpu() for i, p in enumerate(ad)})
         return out
 
     def restore_task(self, t, tensors, classes, data) -> None:
