@@ -1,0 +1,154 @@
+"""The method registry (one contract: every entry built alike, plus a toy entry), the cheap
+baselines on separable features, RunConfig <-> ToscaConfig <-> `lab tosca`, and the study's sweep."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lab.experiments.tosca import methods as Me
+from lab.experiments.tosca._synthetic import synthetic_data
+from lab.experiments.tosca.run import RunConfig
+from lab.tosca.learner import ToscaConfig
+
+CACHED = [n for n in Me.list_methods() if not Me.METHODS.info(n)["needs_backbone"]]
+
+
+@pytest.fixture
+def toy_method():
+    """A toy entry added by the test: predicts the first class of the last task, always."""
+    name = "toy-constant"
+
+    @Me.register(name, trains=False)
+    class Toy(Me.Method):
+        def learn_task(self, t, classes, data, on_epoch=None):
+            self.classes = classes[-1] + 1
+
+        def logits(self, data, idx):
+            n = len(data.test_y[idx])
+            return torch.zeros(1, n, self.classes)
+
+        def task_tensors(self, t):
+            return {"classes": torch.tensor([self.classes])}
+
+        def restore_task(self, t, tensors, classes, data):
+            self.classes = int(tensors["classes"][0])
+
+    yield name
+    Me.METHODS._entries.pop(name), Me.METHODS._info.pop(name)
+
+
+@pytest.mark.parametrize("name", [*CACHED, "toy"])
+def test_every_cached_method_honours_the_contract(name, toy_method):
+    name = toy_method if name == "toy" else name
+    data = synthetic_data(num_tasks=3, dim=16, noise=1.0, seed=4)
+    info = Me.METHODS.info(name)
+    assert set(info) == {"routed", "needs_backbone", "trains"}
+    m = Me.fit(Me.create(name, data.dim, ToscaConfig(epochs=2, seed=0)), data)
+    idx = torch.arange(len(data.test_y))
+    logits = m.logits(data, idx)
+    C = data.task_classes[-1][-1] + 1
+    assert logits.shape == ((data.num_tasks if info["routed"] else 1), len(idx), C)
+    assert (m.route_context(data, idx) is not None) == info["routed"]
+    assert isinstance(m.trainable_parameters(data.num_tasks - 1), int)
+    assert m.head_scale() is None or isinstance(m.head_scale(), float)
+    # save every stage, restore into a fresh instance: the same logits
+    fresh = Me.create(name, data.dim, ToscaConfig(epochs=2, seed=0))
+    for t, classes in enumerate(data.task_classes):
+        fresh.restore_task(t, m.task_tensors(t), classes, data)
+    assert torch.allclose(fresh.logits(data, idx), logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["simplecil", "ncm", "fecam", "ranpac"])
+def test_cheap_baselines_learn_separable_classes(name):
+    data = synthetic_data(num_tasks=3, dim=16, noise=1.0, seed=5, n_train=60)
+    m = Me.fit(Me.create(name, data.dim, ToscaConfig(seed=0)), data)
+    acc = float((m.logits(data, slice(None))[0].argmax(1) == data.test_y).float().mean())
+    assert acc > 0.9, (name, acc)
+
+
+def test_ranpac_ridge_is_chosen_from_its_grid_and_solves_the_ridge_system():
+    from lab.experiments.tosca.baselines import RIDGES, RanPAC
+
+    data = synthetic_data(num_tasks=2, dim=8, seed=6)
+    m = Me.fit(RanPAC(data.dim, ToscaConfig(seed=0)), data)
+    lam = float(m.state["ridge"][0])
+    assert any(abs(lam - r) <= 1e-9 * r for r in RIDGES)
+    G, Q = m.state["G"], m.state["Q"]
+    Wo = torch.linalg.solve(G + lam * torch.eye(len(G), dtype=G.dtype), Q)
+    assert torch.allclose(m.state["Wo"].double(), Wo, rtol=1e-3, atol=1e-6)
+
+
+def test_fecam_tukey_and_normalised_covariance():
+    from lab.experiments.tosca.baselines import tukey
+
+    assert torch.allclose(tukey(torch.tensor([4.0, -9.0, 0.0])), torch.tensor([2.0, -3.0, 0.0]))
+
+
+def test_methods_are_built_alike_and_capabilities_are_registry_info():
+    with pytest.raises(ValueError, match="needs the backbone"):
+        Me.create("layerwise_adapter", 8, ToscaConfig())
+    with pytest.raises(ValueError, match="unknown mode"):
+        Me.create("tosca", 8, ToscaConfig(), mode="nope")
+    assert Me.METHODS.info("tosca") == {"routed": True, "needs_backbone": False, "trains": True}
+    assert not Me.METHODS.info("simplecil")["trains"]
+
+
+def test_run_config_carries_every_tosca_field_and_the_cli_reaches_it():
+    from lab import cli
+    from lab.experiments.tosca.cli import config_from_args
+
+    tosca_fields = {f.name for f in dataclasses.fields(ToscaConfig)}
+    assert tosca_fields <= {f.name for f in dataclasses.fields(RunConfig)}
+    cfg = RunConfig(momentum=0.5, weight_decay=1e-4, eta_min=1e-6, head_scale=2.0, threads=0,
+                    head_init="uniform", luca_init="xavier")
+    assert cfg.tosca_config() == ToscaConfig(momentum=0.5, weight_decay=1e-4, eta_min=1e-6, head_scale=2.0,
+                                             threads=0, head_init="uniform", luca_init="xavier")
+    parser = cli.build_parser()
+    args = parser.parse_args(["tosca", "--momentum", "0.5", "--weight-decay", "1e-4", "--eta-min", "1e-6",
+                              "--head-scale", "2", "--threads", "0", "--head-init", "uniform",
+                              "--luca-init", "xavier", "--routings", "ncm", "energy"])
+    got = config_from_args(args)
+    assert got.tosca_config() == cfg.tosca_config() and got.routings == ("ncm", "energy")
+    dests = {a.dest for a in parser._subparsers._group_actions[0].choices["tosca"]._actions}
+    assert tosca_fields <= dests  # every method field has its argument
+
+
+def test_run_config_validates_like_tosca_config():
+    with pytest.raises(ValueError, match="momentum"):
+        RunConfig(momentum=-1)
+    with pytest.raises(ValueError, match="valid routings"):
+        RunConfig(routings=("nope",))
+
+
+def test_run_evaluates_the_requested_routers(tmp_path):
+    from lab.experiments.tosca.run import run
+
+    data = synthetic_data(num_tasks=2, dim=8, seed=7)
+    res = run(RunConfig(epochs=1, routing="ncm", routings=("per-sample", "mahalanobis")), data=data,
+              runs_root=tmp_path, progress=False)
+    assert list(res.summary.routing) == ["per-sample", "ncm", "mahalanobis"]
+    assert res.info["headline_routing"] == "ncm"
+
+
+def test_study_variants_are_a_pure_product_of_frozen_configs():
+    from lab.experiments.tosca import study
+
+    base = RunConfig(epochs=1)
+    v = study.variants(base, scenarios=["a", "b+c"], seeds=[1, 2], baselines=["ncm"],
+                       inits=[("reference", "reference"), ("uniform", "xavier")], routings=["per-sample"])
+    assert len(v) == 2 * 2 * (2 + 1) and v == study.variants(base, scenarios=["a", "b+c"], seeds=[1, 2],
+                                                            baselines=["ncm"], routings=["per-sample"],
+                                                            inits=[("reference", "reference"), ("uniform", "xavier")])
+    assert {c.datasets for c in v} == {("a",), ("b", "c")}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v[0].seed = 3
+
+
+def test_t_interval_by_hand():
+    from lab.experiments.tosca.study import t_interval
+
+    mean, half = t_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and half == pytest.approx(4.302652729911275 * 1.0 / 3 ** 0.5)
+    assert t_interval([5.0])[1] != t_interval([5.0])[1]  # NaN with one seed
