@@ -17,7 +17,7 @@ if not NOTEBOOKS:
     pytest.skip("no notebooks in notebooks/ yet", allow_module_level=True)
 
 IDS = [p.stem for p in NOTEBOOKS]
-SMOKE_BUDGET_S = 60  # issue 5: each notebook well under a minute with smoke parameters
+SMOKE_BUDGET_S = 60  # each notebook well under a minute with smoke parameters
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
