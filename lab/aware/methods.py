@@ -13,7 +13,7 @@ which learning rate: ``cfg`` is the optimisation recipe, anything with the field
 it then counts ``(trainable, total)`` into ``info``. The built-in entries:
 
 - ``zero-shot``: nothing trains.
-- ``full``: the whole language model and the projector.
+- ``full``: the whole language model and the projector (a vision tower inside the model stays frozen).
 - ``lora`` / ``dora``: peft adapters (``LoraConfig(use_dora=...)``) on the *same* language-model
   target Linears as AWARe (q/k/v); as in LLaVA-1.5's LoRA recipe the projector, when it is a target,
   trains fully at the projector lr. The rank makes the trainable count match AWARe's
@@ -23,6 +23,7 @@ it then counts ``(trainable, total)`` into ``info``. The built-in entries:
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,7 @@ from lab.aware.config import AwareConfig
 from lab.aware.freeze import apply, merge, trainable_parameters
 from lab.aware.masking import needs_saliency, select
 from lab.aware.saliency import Saliency
-from lab.aware.targets import find_targets, is_projector
+from lab.aware.targets import VISION_EXCLUDE, find_targets, is_projector
 
 METHODS = Registry("method")
 
@@ -119,8 +120,9 @@ class ZeroShot(Method):
 @register_method("full")
 class Full(Method):
     def prepare(self, model, spec, cfg, saliency=None):
-        for p in model.parameters():
-            p.requires_grad_(True)
+        vision = re.compile(VISION_EXCLUDE)
+        for n, p in model.named_parameters():   # everything but an image encoder (a hub LLaVA's CLIP)
+            p.requires_grad_(not any(vision.fullmatch(part) for part in n.split(".")))
         return model, param_groups(model, cfg.lr, cfg.lr_projector), {}
 
 

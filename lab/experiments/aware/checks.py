@@ -60,9 +60,11 @@ def mini_llava_skeleton():
         return MiniLlava(LlamaForCausalLM(cfg), vision_dim=8)
 
 
-def check_targets(targets: str, *, param: str = "--targets", exclude: str | None = VISION_EXCLUDE) -> tuple[str, ...]:
-    """Target patterns compiled and matched against the mini-LLaVA's Linear layers before any
-    model is loaded; one line naming ``param`` on a malformed or unmatched pattern."""
+def check_targets(targets: str, *, param: str = "--targets", exclude: str | None = VISION_EXCLUDE,
+                  model: str | None = None) -> tuple[str, ...]:
+    """Target patterns compiled and matched against the mini-LLaVA's Linear layers (or, with
+    ``model``, a hub LLaVA's from its config: :func:`lab.experiments.aware.hub_llava.skeleton`)
+    before any model is loaded; one line naming ``param`` on a malformed or unmatched pattern."""
     from lab import _validate
     from lab.aware.targets import expand_targets, find_targets
 
@@ -71,7 +73,15 @@ def check_targets(targets: str, *, param: str = "--targets", exclude: str | None
         raise _validate.bad(param, targets, f"give a preset ({', '.join(TARGET_PRESETS)}) or comma-separated "
                                             "module-name patterns")
     _validate.regexes(param, patterns)
-    model = mini_llava_skeleton()
+    what = "the mini-LLaVA"
+    if model is not None:
+        from lab.experiments.aware.hub_llava import skeleton
+
+        what, model = model, skeleton(model)
+        if model is None:       # only the hub has its config: checked when the model loads
+            return patterns
+    else:
+        model = mini_llava_skeleton()
     try:
         find_targets(model, patterns, exclude=exclude)
     except ValueError:
@@ -79,7 +89,7 @@ def check_targets(targets: str, *, param: str = "--targets", exclude: str | None
 
         names = sorted({next(p for p in reversed(n.split(".")) if not p.isdigit())
                         for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise _validate.bad(param, targets, f"matches no Linear layer of the mini-LLaVA (patterns match whole name "
+        raise _validate.bad(param, targets, f"matches no Linear layer of {what} (patterns match whole name "
                                             f"components); its Linear layers are named {', '.join(names)}; presets: "
                                             f"{', '.join(TARGET_PRESETS)}") from None
     return patterns

@@ -30,6 +30,11 @@ def register(subparsers) -> None:
                             "the reference uses the same lr as full fine-tuning: pass --lr-aware 2e-5)")
         q.add_argument("--lr-projector", type=float, default=None, help="projector lr (default 1e-3)")
         q.add_argument("--lr-adapter", type=float, default=None, help="LoRA/DoRA lr (default 1e-4, chosen by `lab aware tune`)")
+        q.add_argument("--model", default=None, metavar="NAME",
+                       help="a transformers LLaVA instead of the mini-LLaVA: hub id (e.g. llava-hf/llava-1.5-7b-hf; "
+                            "needs internet or the hub cache) or a local folder")
+        q.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp32"],
+                       help="weights of --model (default bf16 on CUDA, fp32 on the CPU)")
 
     q = sub.add_parser("profile", help="saliency of every target neuron on a calibration set (safetensors)")
     common(q)
@@ -89,6 +94,12 @@ def check_common(args) -> None:
         if getattr(args, flag) is not None:
             V.learning_rate("--" + flag.replace("_", "-"), getattr(args, flag))   # the same check as TrainConfig's
     _size(args)
+    if args.dtype is not None and args.model is None:
+        raise V.bad("--dtype", args.dtype, "applies to a transformers LLaVA (--model); the mini-LLaVA runs in float32")
+    if args.model is not None:      # last: a hub id costs one short HEAD request
+        from lab.experiments.aware.hub_llava import check
+
+        check(args.model)
 
 
 def _run_dir_check(args) -> None:
@@ -126,7 +137,8 @@ def _ctx(args):
 
     size = _size(args)          # bad overrides fail here, before any model is loaded
     _threads()
-    return setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device)
+    return setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device, model=args.model,
+                 dtype=args.dtype)
 
 
 def cmd_profile(args) -> int:
@@ -151,10 +163,11 @@ def cmd_profile(args) -> int:
         V.out_file("--out", args.out)
     else:
         runs.check_root("aware", param="$LAB_RUNS_DIR")
-    check_targets(args.targets)     # last: it builds the model's skeleton (a few seconds)
+    check_targets(args.targets, model=args.model)     # last: it builds the model's skeleton (a few seconds)
     size = replace(_size(args), n_calib=args.n, calib_sizes=())
     _threads()
-    ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device)
+    ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device, model=args.model,
+                dtype=args.dtype)
     qa = ctx.calib[(args.calib, args.n)] if (args.calib, args.n) in ctx.calib else \
         tasks.calibration(args.calib, args.n, upstream=ctx.easy)
     sal = profile(ctx.base, calibration_batches(qa, ctx.enc), targets=args.targets, progress=not args.quiet)
@@ -194,7 +207,7 @@ def cmd_finetune(args) -> int:
     V.seed("--seed", args.seed)
     if args.save:
         V.out_dir("--save", args.save)
-    check_targets(args.targets)     # last: it builds the model's skeleton (a few seconds)
+    check_targets(args.targets, model=args.model)     # last: it builds the model's skeleton (a few seconds)
     aware = AwareConfig(rho=args.rho, rule=args.rule, targets=args.targets)   # validates before work
     ctx = _ctx(args)
     before = upstream(ctx.base, ctx, exact=False)
@@ -211,6 +224,8 @@ def cmd_finetune(args) -> int:
           f"{row['step_s']:.2f} s/step")
     if args.save:
         info["model"].save_pretrained(args.save)
+        if getattr(ctx.enc, "processor", None) is not None:    # a transformers LLaVA: loadable as it was
+            ctx.enc.processor.save_pretrained(args.save)
         print(f"saved a standard checkpoint to {args.save}")
     return 0
 
@@ -277,7 +292,8 @@ def cmd_tune(args) -> int:
     _run_dir_check(args)
     size = _size(args)
     _threads()
-    ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device, tasks_needed=(args.task,))
+    ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device, tasks_needed=(args.task,),
+                model=args.model, dtype=args.dtype)
     out = tune(ctx, task=args.task, grids=grids, seeds=tuple(args.seeds), n_val=args.n_val, run_dir=args.run_dir,
                cache_dir=args.cache_dir, progress=not args.quiet)
     import pandas as pd

@@ -83,7 +83,8 @@ def upstream(model, ctx: Context, *, exact: bool | None = None) -> dict:
 
 
 def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, tasks_needed=None,
-          cache_dir=None, device: str | None = None, progress: bool = True) -> Context:
+          cache_dir=None, device: str | None = None, progress: bool = True, model: str | None = None,
+          dtype: str | None = None) -> Context:
     """Build (or load from cache) the aligned mini-LLaVA, the tasks and the calibration sets.
 
     ``size``: a :class:`Size` or preset name. ``tiny=True`` swaps SmolLM2 for a randomly initialised
@@ -91,7 +92,10 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
     meaningless, code paths are the real ones) and sets torch to one thread. ``downstream=False``
     builds no downstream task (saliency only); ``tasks_needed`` limits the ones built (default: all;
     each costs a visual-token pass when not cached, see :func:`lab.experiments.aware.ablate.tasks_for`). ``device``: where the
-    model runs (default: CUDA when available, else CPU)."""
+    model runs (default: CUDA when available, else CPU). ``model``: a transformers LLaVA (hub id or
+    local folder, :mod:`lab.experiments.aware.hub_llava`) instead of the mini-LLaVA, in ``dtype``
+    (bf16, fp16, fp32; default bf16 on CUDA); its tasks keep raw images for its processor
+    (``info['vision']``, for task sets built later)."""
     from lab.experiments.aware import tasks
     from lab.experiments.aware.upstream import build_base
 
@@ -102,12 +106,20 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
         torch.set_num_threads(1)
     t0 = time.perf_counter()
     kw = dict(grid=size.grid, cache_dir=cache_dir, progress=progress)
+    hub = None
+    if model is not None and not tiny:   # first: a checkpoint that cannot load fails before any data
+        from lab.experiments.aware import hub_llava
+
+        hub = hub_llava.load(model, device=device, dtype=dtype)
+        kw["vision"] = hub_llava.raw_images
     easy = tasks.easy_vqa(n_train=size.n_align, n_test=size.n_easy_eval, **kw)
     wanted = tasks.DOWNSTREAM if tasks_needed is None else tuple(dict.fromkeys(tasks_needed))
     unknown = set(wanted) - set(tasks.DOWNSTREAM)
     if unknown:
         raise ValueError(f"unknown downstream tasks {sorted(unknown)}; choose from {list(tasks.DOWNSTREAM)}")
-    if not tiny:   # the real model first: its alignment is the slow, cached step
+    if hub is not None:
+        (base, enc), align = hub, {"model": model, "dtype": str(next(hub[0].parameters()).dtype)}
+    elif not tiny:   # the real model first: its alignment is the slow, cached step
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         base, enc, align = build_base(easy, size.align, grid=size.grid, cache_dir=cache_dir, progress=progress,
                                       device=device)
@@ -126,5 +138,6 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
         tok = tiny_tokenizer(w for qa in sets for w in [*qa.questions, *qa.answers, *(o for opts in qa.options for o in opts)])
         base, enc, align = build_base(easy, size.align, grid=size.grid, cache_dir=cache_dir, progress=progress,
                                       language_model=(tok, tiny_llama(len(tok))))
-    info = {"align": align, **({"tiny": True} if tiny else {}), "setup_s": time.perf_counter() - t0}
+    info = {"align": align, **({"tiny": True} if tiny else {}), **({"vision": kw["vision"]} if hub is not None else {}),
+            "setup_s": time.perf_counter() - t0}
     return Context(base, enc, easy, probe, down, size, calib, info)

@@ -18,7 +18,11 @@ from torch import Tensor, nn
 
 
 def _lm(model: nn.Module) -> nn.Module:
-    return getattr(model, "language_model", model)
+    """The module that continues text: the mini-LLaVA's causal ``language_model``; a transformers
+    LLaVA runs text itself (its ``language_model``, where present, is the decoder without a head)."""
+    lm = getattr(model, "language_model", None)
+    head = getattr(lm, "get_output_embeddings", None)
+    return lm if lm is not None and head is not None and head() is not None else model
 
 
 def _cache_kw(lm: nn.Module) -> str:
@@ -56,6 +60,8 @@ def forward(model: nn.Module, batch: dict, *, logits_to_keep: int = 0, use_cache
     rest = {"input_ids": ids[:, p:], "attention_mask": inputs["attention_mask"], "position_ids": pos[:, p:]}
     if "images" in inputs:
         rest.update(images=inputs["images"], image_mask=inputs["image_mask"][:, p:])
+    if "pixel_values" in inputs:   # a transformers LLaVA (its encoder shares no prefix; kept for callers that do)
+        rest["pixel_values"] = inputs["pixel_values"]
     return model(**rest, logits_to_keep=logits_to_keep, use_cache=True, **{kw: cache})
 
 

@@ -112,8 +112,11 @@ def _pick(n_total: int, n: int, seed: int) -> np.ndarray:
 
 # --- downstream --------------------------------------------------------------------------------
 def downstream(name: str, *, n_train: int, n_test: int, seed: int = 0, grid: int = 2,
-               cache_dir=None, progress: bool = True) -> Task:
-    """A downstream task from real images; test questions are a fixed (seed-independent) subset."""
+               cache_dir=None, progress: bool = True, vision=None) -> Task:
+    """A downstream task from real images; test questions are a fixed (seed-independent) subset.
+    ``vision``: what turns images into the model's visual input (default: the mini-LLaVA's
+    :func:`~lab.experiments.aware.minillava.visual_tokens`; a hub LLaVA keeps the raw images,
+    :func:`lab.experiments.aware.hub_llava.raw_images`); every task builder takes it."""
     if name not in TEMPLATES:
         raise ValueError(f"unknown downstream task {name!r}; choose from {list(TEMPLATES)}")
     from lab.experiments.aware.minillava import visual_tokens
@@ -126,8 +129,8 @@ def downstream(name: str, *, n_train: int, n_test: int, seed: int = 0, grid: int
     for split, n, s in (("train", n_train, seed + 1), ("test", n_test, 12345)):
         sp = getattr(ds, split)
         idx = _pick(len(sp.labels), n, s)
-        tokens, key = visual_tokens(sp.images[idx], grid=grid, cache_dir=cache_dir, progress=progress,
-                                    return_key=True)  # only the images used
+        tokens, key = (vision or visual_tokens)(sp.images[idx], grid=grid, cache_dir=cache_dir, progress=progress,
+                                                return_key=True)  # only the images used
         out[split] = QASet(f"{name}/{split}", [tmpl.question] * len(idx),
                            [tmpl.render(int(sp.labels[i]), names) for i in idx], [options] * len(idx),
                            np.arange(len(idx), dtype=np.int64), tokens, source=key)
@@ -144,7 +147,7 @@ def validation_index(n_total: int, n_train: int, n: int, seed: int = 0) -> np.nd
 
 
 def downstream_validation(name: str, *, n: int, n_train: int, seed: int = 0, grid: int = 2,
-                          cache_dir=None, progress: bool = True) -> QASet:
+                          cache_dir=None, progress: bool = True, vision=None) -> QASet:
     """``n`` validation questions of a downstream task: from its *train* split, disjoint from the
     training pool :func:`downstream` draws with the same ``n_train`` and ``seed`` (and from every
     test question). Hyper-parameters are chosen on these, never on the test questions."""
@@ -158,7 +161,8 @@ def downstream_validation(name: str, *, n: int, n_train: int, seed: int = 0, gri
     dataset, tmpl, names = TEMPLATES[name]
     sp = load_dataset(dataset).train
     idx = validation_index(len(sp.labels), n_train, n, seed)
-    tokens, key = visual_tokens(sp.images[idx], grid=grid, cache_dir=cache_dir, progress=progress, return_key=True)
+    tokens, key = (vision or visual_tokens)(sp.images[idx], grid=grid, cache_dir=cache_dir, progress=progress,
+                                            return_key=True)
     options = tuple(dict.fromkeys(tmpl.render(c, names) for c in range(len(names))))
     return QASet(f"{name}/validation", [tmpl.question] * len(idx), [tmpl.render(int(sp.labels[i]), names) for i in idx],
                  [options] * len(idx), np.arange(len(idx), dtype=np.int64), tokens, source=key)
@@ -166,7 +170,7 @@ def downstream_validation(name: str, *, n: int, n_train: int, seed: int = 0, gri
 
 # --- upstream ----------------------------------------------------------------------------------
 def _easy_vqa_split(split: str, n: int, seed: int, grid: int, cache_dir, progress: bool, *,
-                    rows=None, name: str | None = None) -> QASet:
+                    rows=None, name: str | None = None, vision=None) -> QASet:
     """``n`` seeded questions of one split (or ``rows(image_ids)``'s); visual tokens only for the
     images they ask about."""
     import easy_vqa
@@ -181,16 +185,16 @@ def _easy_vqa_split(split: str, n: int, seed: int, grid: int, cache_dir, progres
     row = {img: r for r, img in enumerate(used)}
     images = np.stack([np.asarray(Image.open(paths[i]).convert("RGB")) for i in used])   # (N, 64, 64, 3)
     options = tuple(easy_vqa.get_answers())
-    tokens, key = visual_tokens(images, grid=grid, cache_dir=cache_dir, progress=progress, return_key=True)
+    tokens, key = (vision or visual_tokens)(images, grid=grid, cache_dir=cache_dir, progress=progress, return_key=True)
     return QASet(name or f"easy_vqa/{split}", [qs[i] for i in pick], [ans[i] for i in pick], [options] * len(pick),
                  np.array([row[img_ids[i]] for i in pick], dtype=np.int64), tokens, source=key)
 
 
 def easy_vqa(*, n_train: int, n_test: int, seed: int = 0, grid: int = 2, cache_dir=None,
-             progress: bool = True) -> Task:
+             progress: bool = True, vision=None) -> Task:
     """easy-VQA questions; ``n_train`` from the train split, ``n_test`` fixed from the test split."""
-    return Task("easy_vqa", _easy_vqa_split("train", n_train, seed, grid, cache_dir, progress),
-                _easy_vqa_split("test", n_test, 7, grid, cache_dir, progress))
+    return Task("easy_vqa", _easy_vqa_split("train", n_train, seed, grid, cache_dir, progress, vision=vision),
+                _easy_vqa_split("test", n_test, 7, grid, cache_dir, progress, vision=vision))
 
 
 def unseen_image_index(image_ids: Sequence[int], n_align: int, n: int, seed: int = 0) -> np.ndarray:
@@ -204,14 +208,14 @@ def unseen_image_index(image_ids: Sequence[int], n_align: int, n: int, seed: int
 
 
 def easy_vqa_validation(*, n: int, n_align: int, seed: int = 0, grid: int = 2, cache_dir=None,
-                        progress: bool = True) -> QASet:
+                        progress: bool = True, vision=None) -> QASet:
     """``n`` easy-VQA validation questions: from the train split, about images that none of the
     ``n_align`` alignment questions (:func:`easy_vqa` with the same ``seed``) shows — so neither
     the question nor the image was seen upstream; the test questions stay untouched."""
     if n < 1:
         raise ValueError(f"the validation set is empty (n={n})")
     return _easy_vqa_split("train", n, seed, grid, cache_dir, progress, name="easy_vqa/validation",
-                           rows=lambda image_ids: unseen_image_index(image_ids, n_align, n, seed))
+                           rows=lambda image_ids: unseen_image_index(image_ids, n_align, n, seed), vision=vision)
 
 
 def probe(path: str | Path = PROBE_FILE) -> Task:
@@ -272,7 +276,7 @@ def _proxy_images(n: int, seed: int) -> tuple[np.ndarray, list[str]]:
 
 
 def calibration(kind: str, n: int, *, upstream: Task | None = None, seed: int = 0, grid: int = 2,
-                cache_dir=None, progress: bool = True) -> QASet:
+                cache_dir=None, progress: bool = True, vision=None) -> QASet:
     """``n`` calibration samples whose prompts include the ground-truth answer (as the reference)."""
     if n < 1:
         raise ValueError(f"the calibration set is empty (n={n}): profiling needs at least one sample")
@@ -286,7 +290,7 @@ def calibration(kind: str, n: int, *, upstream: Task | None = None, seed: int = 
         from lab.experiments.aware.minillava import visual_tokens
 
         images, answers = _proxy_images(n, seed)
-        tokens = visual_tokens(images, grid=grid, cache_dir=cache_dir, progress=progress)
+        tokens = (vision or visual_tokens)(images, grid=grid, cache_dir=cache_dir, progress=progress)
         rng = np.random.RandomState(seed)
         qs = [_PROXY_QUESTIONS[rng.randint(len(_PROXY_QUESTIONS))] for _ in range(n)]
         return QASet("proxy", qs, answers, [tuple(sorted(set(answers)))] * n, np.arange(n), tokens)

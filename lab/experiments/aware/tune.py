@@ -57,7 +57,7 @@ def validation_context(ctx, task: str, n_val: int, *, cache_dir=None, progress: 
     from lab.experiments.aware.tasks import Task
 
     size = ctx.size
-    kw = dict(grid=size.grid, cache_dir=cache_dir, progress=progress)
+    kw = dict(grid=size.grid, cache_dir=cache_dir, progress=progress, vision=ctx.info.get("vision"))
     easy_val = tasks.easy_vqa_validation(n=n_val, n_align=size.n_align, **kw)
     down_val = tasks.downstream_validation(task, n=n_val, n_train=size.n_train, **kw)
     return replace(ctx, easy=Task("easy_vqa", ctx.easy.train, easy_val), probe=None,
