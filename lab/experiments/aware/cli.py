@@ -1,4 +1,4 @@
-"""``lab aware profile | finetune | tune | ablate`` (registered into ``lab``'s CLI; imports are lazy).
+"""``lab aware profile | finetune | tune | ablate | study`` (registered into ``lab``'s CLI; imports are lazy).
 
 Every handler checks all its parameters first (:func:`check_common` and its own checks: numbers,
 target patterns against the mini-LLaVA's module names, output paths), before any model is loaded.
@@ -78,6 +78,22 @@ def register(subparsers) -> None:
                    help="candidate lrs, e.g. full=1e-5,2e-5 aware=1e-4,3e-4 (default: lab.experiments.aware.tune.GRIDS)")
     q.add_argument("--run-dir", default=None, help="output folder (default: a new unique runs/aware/... folder)")
     q.set_defaults(func=cmd_tune)
+    q = sub.add_parser("study", help="the shipped study: every group, several seeds, a tuned lr per variant, 95%% intervals",
+                       description="Tune every variant's learning rate on validation questions (cached), run every "
+                                   "variant on every seed, the continual sequence (paper protocol and the replay "
+                                   "extension), and write tidy tables with paired-bootstrap intervals plus "
+                                   "manifest.json into --out (atomically).")
+    q.add_argument("--out", default="results/aware", help="output folder, replaced atomically (default results/aware)")
+    q.add_argument("--preset", default="shipped", choices=["shipped", "smoke"],
+                   help="study size (shipped: the committed study; smoke: a random tiny model, seconds)")
+    q.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the preset's 0 1 2)")
+    q.add_argument("--steps", type=int, default=None, help="training steps per run (default: the preset's)")
+    q.add_argument("--n-eval", type=int, default=None,
+                   help="test questions per downstream and easy-VQA set (default: the preset's)")
+    q.add_argument("--cache-dir", default=None, help="cache root (default $LAB_CACHE_DIR or ~/.cache/continual-lab)")
+    q.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    q.add_argument("--quiet", action="store_true", help="no progress lines")
+    q.set_defaults(func=cmd_study)
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
 
 
@@ -302,4 +318,41 @@ def cmd_tune(args) -> int:
         print(f"\nvalidation easy-VQA before fine-tuning: {out['before']['easy_vqa']:.3f}")
         print(out["table"].to_string(index=False))
     print(f"\nchosen: {flags(out['chosen'])}\ntables in {out['run_dir']}")
+    return 0
+
+
+def cmd_study(args) -> int:
+    import shlex
+    import sys
+    from dataclasses import replace
+
+    from lab import _validate as V
+    from lab.cli import check_cache_dir
+    from lab.experiments.aware.shipped import PRESETS, run_study
+
+    check_cache_dir(args.cache_dir)
+    V.device("--device", args.device)
+    cfg = PRESETS[args.preset]
+    if args.seeds is not None:
+        for s in args.seeds:
+            V.seed("--seeds", s)
+        cfg = replace(cfg, seeds=tuple(dict.fromkeys(args.seeds)), tune_seed=args.seeds[0])
+    if args.steps is not None:
+        cfg = replace(cfg, steps=V.count("--steps", args.steps))
+    if args.n_eval is not None:
+        cfg = replace(cfg, n_eval=V.count("--n-eval", args.n_eval), n_easy_eval=args.n_eval)
+    V.out_dir("--out", args.out)
+    _threads()
+    out = run_study(cfg, args.out, command="lab " + shlex.join(sys.argv[1:]), cache_dir=args.cache_dir,
+                    device=args.device, progress=not args.quiet)
+    import pandas as pd
+
+    with pd.option_context("display.width", 160, "display.max_columns", 12, "display.precision", 3):
+        print("\nheadline differences (paired bootstrap, 95 % interval):")
+        for v in out["comparisons"].verdict:
+            print("  " + v)
+        print("\ncontinual sequence:")
+        for v in out["continual_comparisons"].verdict:
+            print("  " + v)
+    print(f"\nwall time {out['manifest']['wall_s']:.0f}s; tables and manifest.json in {out['out']}")
     return 0

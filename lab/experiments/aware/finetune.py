@@ -112,21 +112,23 @@ def train(model: nn.Module, groups: list[dict], qa: QASet, enc: ChatEncoder, cfg
 
 def evaluate(model: nn.Module, qa: QASet, enc: ChatEncoder, *, batch_size: int = 32,
              exact: bool = False, max_new_tokens: int = 8) -> dict:
-    """Multiple-choice accuracy (answer log-likelihood over ``qa.options``); with ``exact``, also
-    the exact-match rate of a greedy answer against the gold answer and its aliases."""
+    """Multiple-choice accuracy (answer log-likelihood over ``qa.options``) and ``correct``, which
+    questions it got right (for paired intervals); with ``exact``, also the exact-match rate of a greedy answer against the gold answer and its aliases."""
     model.eval()
-    correct, hits = 0, 0
+    correct, hits, per_q = 0, 0, []
     for s, batch in zip(range(0, len(qa), batch_size), iterate(qa, enc, batch_size, answers=False)):
         idx = range(s, min(s + batch_size, len(qa)))
         opts = [qa.options[i] for i in idx]
         scores = option_scores(model, batch, [enc.option_ids(o) for o in opts])
         pred = scores.argmax(1).tolist()
-        correct += sum(opts[j][p] == qa.answers[i] for j, (i, p) in enumerate(zip(idx, pred)))
+        right = [opts[j][p] == qa.answers[i] for j, (i, p) in enumerate(zip(idx, pred))]
+        correct += sum(right)
+        per_q += right
         if exact:
             gen = greedy_answers(model, batch, max_new_tokens=max_new_tokens, eos_id=enc.eos_id)
             aliases = [qa.aliases[i] if qa.aliases else (qa.answers[i],) for i in idx]
             hits += sum(exact_match(enc.tok.decode(g), a) for g, a in zip(gen, aliases))
-    out = {"acc": correct / max(len(qa), 1), "n": len(qa)}
+    out = {"acc": correct / max(len(qa), 1), "n": len(qa), "correct": per_q}   # per question, in qa's order
     if exact:
         out["em"] = hits / max(len(qa), 1)
     return out
