@@ -65,6 +65,8 @@ def _aware_common(action: str) -> list[Row]:
         R(c, "--lr-aware", ["--lr-aware", "inf"], "--lr-aware inf: must be a finite number > 0"),
         R(c, "--lr-projector", ["--lr-projector", "0"], "--lr-projector 0.0: must be a finite number > 0"),
         R(c, "--lr-adapter", ["--lr-adapter", "-1"], "--lr-adapter -1.0: must be a finite number > 0"),
+        R(c, "--model", ["--model", "{file}"], "--model {file}: is a file; give a LLaVA checkpoint folder"),
+        R(c, "--dtype", ["--dtype", "bf16"], "--dtype bf16: applies to a transformers LLaVA (--model)"),
     ]
 
 
@@ -164,6 +166,12 @@ ROWS: list[Row] = [
     R("aware", "(none)", ["nope"], "argument ACTION: invalid choice: 'nope'"),
     *[row for action in AWARE_ACTIONS for row in _aware_common(action)],
     R("aware profile", "--calib", ["--calib", "nope"], "argument --calib: invalid choice"),
+    R("aware profile", "--model", ["--model", "{dir}"], "--model {dir}: {dir} holds no config.json"),
+    R("aware profile", "--model", ["--model", "{missing}"], "--model {missing}: no such folder"),
+    R("aware finetune", "--model", ["--model", "llava-hf/llava-1.5-7b-hf"],
+      "--model llava-hf/llava-1.5-7b-hf: not a local folder, not in the hub cache, and HF_HUB_OFFLINE is set",
+      env={"HF_HUB_OFFLINE": "1", "HF_HOME": "{dir}"}),
+    R("aware finetune", "--dtype", ["--dtype", "fp8"], "argument --dtype: invalid choice"),
     R("aware profile", "--n", ["--n", "0"], "--n 0: must be an integer >= 1"),
     R("aware profile", "--n", ["--size", "smoke", "--n", "65"], "--n 65: the smoke preset has 64 upstream"),
     R("aware profile", "--targets", ["--targets", "[bad("], "--targets [bad(: not a valid regular expression",
