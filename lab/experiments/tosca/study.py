@@ -65,24 +65,40 @@ def _data(cfg: RunConfig, cache: dict):
     return cache[key]
 
 
-def run_all(configs, runs_root, *, log=print) -> list[dict]:
-    """Run every config (features shared), one tidy row per (config, routing)."""
+_DATA: dict = {}   # ScenarioData per process: variants run in one process (or one Ray worker) share it
+
+
+def run_one(cfg: RunConfig, runs_root, data=None) -> list[dict]:
+    """One variant of the study (the unit an executor runs): its tidy rows, one per routing.
+    ``data``: a ScenarioData to use instead of the configured datasets' cached features."""
     from .run import run
 
-    cache, rows = {}, []
-    for i, cfg in enumerate(configs):
-        t0 = time.perf_counter()
-        res = run(cfg, data=_data(cfg, cache), runs_root=runs_root, progress=False)
-        secs = time.perf_counter() - t0
-        for r in res.summary.to_dict("records"):
-            rows.append({"scenario": "+".join(cfg.datasets), "seed": cfg.seed, "method": cfg.method,
-                         "head_init": cfg.head_init if cfg.method == "tosca" else "",
-                         "luca_init": cfg.luca_init if cfg.method == "tosca" else "",
-                         "routing": r["routing"], **{m: r[m] for m in METRICS[:2]},
-                         **{m: 100 * r[m] for m in METRICS[2:]}, "seconds": secs})  # routing accuracy in %
-        log(f"[{i + 1}/{len(configs)}] {cfg.method} {'+'.join(cfg.datasets)} seed {cfg.seed} "
-            f"{cfg.head_init}/{cfg.luca_init}: {secs:.1f} s")
-    return rows
+    t0 = time.perf_counter()
+    res = run(cfg, data=_data(cfg, _DATA) if data is None else data, runs_root=runs_root, progress=False)
+    secs = time.perf_counter() - t0
+    return [{"scenario": "+".join(cfg.datasets), "seed": cfg.seed, "method": cfg.method,
+             "head_init": cfg.head_init if cfg.method == "tosca" else "",
+             "luca_init": cfg.luca_init if cfg.method == "tosca" else "",
+             "routing": r["routing"], **{m: r[m] for m in METRICS[:2]},
+             **{m: 100 * r[m] for m in METRICS[2:]}, "seconds": secs}  # routing accuracy in %
+            for r in res.summary.to_dict("records")]
+
+
+def run_all(configs, runs_root, *, log=print, executor: str = "local", address: str | None = None,
+            results_dir=None, data=None) -> list[dict]:
+    """Run every config (:func:`run_one`, through :func:`lab.executors.run`: ``local`` or one Ray
+    task each; with ``results_dir``, finished variants are kept there and skipped on a rerun)."""
+    from lab import executors
+
+    jobs = [executors.Job(executors.key(f"{cfg.method}-{'+'.join(cfg.datasets)}-s{cfg.seed}-"
+                                        f"{cfg.head_init}-{cfg.luca_init}", cfg), run_one, cfg,
+                          **executors.resources(cfg.device, max(1, cfg.threads))) for cfg in configs]
+    try:
+        results = executors.run(jobs, executor=executor, address=address, shared=(str(runs_root), data),
+                                results_dir=results_dir, log=log)
+    finally:
+        _DATA.clear()
+    return [row for rows in results for row in rows]
 
 
 def t_interval(values) -> tuple[float, float]:
@@ -119,6 +135,10 @@ def _sources_sha256() -> dict:
     return {str(f.relative_to(root.parent)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
 
 
+def _digest(sources: dict) -> str:
+    return hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab.experiments.tosca.study", description=__doc__.split("\n")[0])
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), help="datasets, '+' chains them")
@@ -128,7 +148,17 @@ def main(argv=None) -> int:
     p.add_argument("--inc", type=int, default=2)
     p.add_argument("--resolution", type=int, default=None)
     p.add_argument("--out", default="results/tosca")
+    p.add_argument("--executor", default="local", choices=("local", "ray"),
+                   help="local: one variant after another; ray: one Ray task per variant (finished variants "
+                        "are kept in OUT/variants/ and skipped when the same command runs again)")
+    p.add_argument("--address", default=None, help="join the Ray cluster at this address (with --executor ray)")
     args = p.parse_args(argv)
+    from lab import executors
+
+    try:
+        executors.check(args.executor, args.address)
+    except ValueError as exc:
+        p.error(str(exc))
     import tempfile
 
     import torch
@@ -142,7 +172,8 @@ def main(argv=None) -> int:
     sources = _sources_sha256()  # before the runs: the code that produced the numbers
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as runs_root:
-        rows = run_all(configs, runs_root)
+        rows = run_all(configs, runs_root, executor=args.executor, address=args.address,
+                       results_dir=out / "variants" / _digest(sources))   # changed code: a fresh set
     wall = time.perf_counter() - t0
     import pandas as pd
 

@@ -1,0 +1,137 @@
+"""Sweeps on Ray with 2 local workers give the tables of the local executor; a killed sweep resumes.
+
+One Ray instance (2 CPUs) serves the module; the kill test runs its own driver in a subprocess and
+kills its whole process group (driver, its Ray instance and workers) after the first variant lands.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ray = pytest.importorskip("ray", reason="the scale extra: pip install -e '.[scale]'")
+
+from lab import executors  # noqa: E402
+from lab.experiments.tosca import study  # noqa: E402
+from lab.experiments.tosca._synthetic import synthetic_data  # noqa: E402
+from lab.experiments.tosca.run import RunConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMING = ["seconds", "train_s", "step_s"]     # wall-clock columns: the only ones allowed to differ
+
+
+@pytest.fixture(scope="module")
+def two_workers():
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])   # workers cannot import tests/
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def _tosca_configs(seeds=(1, 2)):
+    base = RunConfig(epochs=2, routings=("per-sample", "oracle"))
+    return study.variants(base, scenarios=["synthetic"], seeds=seeds, baselines=["ncm"], inits=study.INITS[:2],
+                          routings=("per-sample", "oracle"))
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    drop = [c for c in TIMING if c in a]
+    pd.testing.assert_frame_equal(a.drop(columns=drop), b.drop(columns=drop), check_exact=True)
+
+
+def test_tosca_sweep_on_ray_gives_the_local_tables(two_workers, tmp_path):
+    data = synthetic_data(num_tasks=3, dim=16, noise=2.5, seed=1)
+    configs = _tosca_configs()
+    lines = []
+    local = study.run_all(configs, tmp_path / "a", executor="local", results_dir=tmp_path / "local", data=data,
+                          log=lambda s: None)
+    remote = study.run_all(configs, tmp_path / "b", executor="ray", results_dir=tmp_path / "ray", data=data,
+                           log=lines.append)
+    assert len(lines) == len(configs) and all("done at" in s for s in lines)
+    assert len(list((tmp_path / "ray").glob("*.json"))) == len(configs)      # one result file per variant
+    _same(pd.DataFrame(local), pd.DataFrame(remote))
+    _same(study.summarise(local), study.summarise(remote))
+    assert len(local) == len(configs) * 2 - 2                                  # ncm has no routing table
+    assert {r["seed"] for r in remote} == {1, 2}
+
+
+def _slow_echo(config, scale):
+    """A job whose result depends on its config and on the shared input."""
+    time.sleep(config["sleep"])
+    return {"key": config["i"], "value": config["i"] * scale}
+
+
+_DRIVER = textwrap.dedent("""
+    import sys
+    from lab.experiments.tosca import study
+    from lab.experiments.tosca._synthetic import synthetic_data
+    sys.path.insert(0, {tests!r})
+    from test_ray import _tosca_configs
+    data = synthetic_data(num_tasks=3, dim=16, noise=2.5, seed=1)
+    study.run_all(_tosca_configs(seeds=(1, 2, 3)), {root!r}, executor="ray", results_dir={out!r}, data=data,
+                  log=lambda s: print(s, flush=True))
+""")
+
+
+def test_a_killed_ray_sweep_resumes_with_finished_variants_skipped(two_workers, tmp_path):
+    out = tmp_path / "variants"
+    code = _DRIVER.format(tests=str(Path(__file__).parent), root=str(tmp_path / "runs"), out=str(out))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    configs = _tosca_configs(seeds=(1, 2, 3))
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and proc.poll() is None and not list(out.glob("*.json")):
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)           # the driver, its Ray instance and its workers
+        proc.wait(timeout=30)
+    first = {p.name: p.stat().st_mtime_ns for p in out.glob("*.json")}
+    assert 0 < len(first) < len(configs), f"the sweep was not caught mid-way: {len(first)} files\n{proc.stdout.read()}"
+    lines = []
+    data = synthetic_data(num_tasks=3, dim=16, noise=2.5, seed=1)
+    resumed = study.run_all(configs, tmp_path / "runs2", executor="ray", results_dir=out, data=data,
+                            log=lines.append)
+    skipped = [s for s in lines if "skipped" in s]
+    assert len(skipped) == len(first)                                         # finished variants not run again
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.json") if p.name in first} == first
+    assert len(list(out.glob("*.json"))) == len(configs)
+    fresh = study.run_all(configs, tmp_path / "runs3", executor="local", data=data, log=lambda s: None)
+    _same(pd.DataFrame(fresh), pd.DataFrame(resumed))
+
+
+def test_executor_runs_jobs_with_shared_inputs_and_checks_its_arguments(two_workers, tmp_path):
+    jobs = [executors.Job(f"j{i}", _slow_echo, {"i": i, "sleep": 0.0}) for i in range(4)]
+    assert executors.run(jobs, executor="ray", shared=(10,)) == [{"key": i, "value": 10 * i} for i in range(4)]
+    assert executors.run(jobs, executor="local", shared=(10,)) == [{"key": i, "value": 10 * i} for i in range(4)]
+    with pytest.raises(ValueError, match="unknown executor"):
+        executors.run(jobs, executor="dask")
+    with pytest.raises(ValueError, match="needs executor 'ray'"):
+        executors.check("local", "auto")
+    with pytest.raises(ValueError, match="unique"):
+        executors.run(jobs + jobs[:1])
+    with pytest.raises(ValueError, match="file name"):
+        executors.Job("a/b", _slow_echo, {})
+    bad = [executors.Job("bad", _slow_echo, {"i": 1})]      # KeyError 'sleep' inside the task
+    with pytest.raises(RuntimeError, match="variant bad failed on Ray"):
+        executors.run(bad, executor="ray", shared=(1,), results_dir=tmp_path)
+    assert not (tmp_path / "bad.json").exists()
+    k = executors.key("tosca seed/1", RunConfig(seed=1))
+    assert k.startswith("tosca_seed_1-") and k != executors.key("tosca seed/1", RunConfig(seed=2))
+    assert executors.resources("cuda:0") == {"num_cpus": 1.0, "num_gpus": 1.0}
+    assert executors.resources("cpu", 2) == {"num_cpus": 2.0, "num_gpus": 0.0}
