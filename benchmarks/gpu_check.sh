@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of the foundation (benchmarks/gpu_check.py): ViT-B/16 bf16 feature extraction
 # (images/s, % of the dense bf16 peak) and TOSCA end-to-end at CIFAR-100 shape as a ratio to one
-# feature pass (target <= 1.5). Random weights and features: nothing is downloaded. About two
+# feature pass (target <= 1.5), and AWARe on a random LLaVA-1.5-7B-shaped model in bf16 (profile + 10
+# fine-tuning steps). Random weights and features: nothing is downloaded. A few
 # minutes on one H200; killed after 5. Exit status non-zero on failure.
 #
 #   benchmarks/gpu_check.sh                       # on the GPU machine

@@ -1,4 +1,5 @@
-"""The benchmark scripts run (tiny, on the CPU): benchmarks/gpu_check.sh and benchmarks/bench_tosca.py.
+"""The benchmark scripts run (tiny, on the CPU): benchmarks/gpu_check.sh (its AWARe-on-LLaVA part
+with a tiny random LLaVA in bf16) and benchmarks/bench_tosca.py.
 Their numbers are only meaningful on the machines they are written for; here they must execute,
 print what they promise and exit with the right status."""
 from __future__ import annotations
@@ -27,6 +28,8 @@ def test_gpu_check_runs_tiny_on_the_cpu(tmp_path):
     assert any(l.startswith("[1] vit_tiny_patch16_224 @ 32px") and "images/s" in l and "% of 989 TFLOP/s" in l
                for l in lines), p.stdout
     assert any(l.startswith("[2] TOSCA (eager)") and "2 tasks x 1 epochs" in l for l in lines), p.stdout
+    assert any(l.startswith("[3] AWARe on tiny") and "bfloat16, 16 image tokens" in l and "10 AWARe steps" in l
+               and "retained rows bit-identical" in l for l in lines), p.stdout
     assert "end-to-end / feature pass" in p.stdout and lines[-1].startswith("PASS")
 
 
@@ -36,7 +39,7 @@ def test_gpu_check_fails_when_the_ratio_misses_the_target(capsys):
         import gpu_check
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    assert gpu_check.main(["--device", "cpu", "--tiny", "--target", "1.0"]) == 1   # TOSCA never costs nothing
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--target", "1.0", "--llava-steps", "1"]) == 1   # TOSCA never costs nothing
     out = capsys.readouterr().out
     assert out.splitlines()[-1].startswith("FAIL")
     assert gpu_check.flops_per_image(gpu_check.random_vit("vit_tiny_patch16_224", 32, "cpu")) > 0

@@ -206,3 +206,19 @@ def test_a_cached_hub_checkpoint_loads_offline(llava_dir, tmp_path, monkeypatch)
     assert next(model.parameters()).dtype == torch.bfloat16 and enc.pixels(torch.zeros(1, 8, 8, 3, dtype=torch.uint8)).dtype == torch.bfloat16
     with pytest.raises(RuntimeError, match="cannot load 'stand-in/other': not a local folder, not in the hub cache"):
         hub_llava.load("stand-in/other", device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_profile_and_finetune_on_cuda_in_bf16(llava_dir, env, capsys):
+    """The same CLI path on the GPU in bf16: saliency finite, the saved checkpoint in bf16."""
+    from safetensors.torch import load_file
+    from transformers import LlavaForConditionalGeneration
+
+    common = ["--model", str(llava_dir), "--device", "cuda", "--dtype", "bf16", "--size", "smoke", "--quiet"]
+    assert cli.main(["aware", "profile", *common, "--n", "8", "--out", str(env / "sal.safetensors")]) == 0
+    sal = load_file(env / "sal.safetensors")
+    assert all(torch.isfinite(v).all() for k, v in sal.items() if k.startswith("layer/"))
+    assert cli.main(["aware", "finetune", *common, "--method", "aware", "--save", str(env / "ft")]) == 0
+    assert "aware on fashion: downstream acc" in capsys.readouterr().out
+    assert LlavaForConditionalGeneration.from_pretrained(env / "ft").dtype == torch.bfloat16
