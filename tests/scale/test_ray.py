@@ -1,7 +1,8 @@
 """Sweeps on Ray with 2 local workers give the tables of the local executor; a killed sweep resumes.
 
-One Ray instance (2 CPUs) serves the module; the kill test runs its own driver in a subprocess and
-kills its whole process group (driver, its Ray instance and workers) after the first variant lands.
+One Ray instance (2 CPUs) serves the module. The kill test runs a second driver in a subprocess that
+joins it by ``address`` (as a sweep joins a cluster), and kills that driver after its first variant
+lands: Ray drops a dead driver's tasks, and the sweep started again skips what had finished.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def two_workers():
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
+    yield ray.get_runtime_context().gcs_address
     if started:
         ray.shutdown()
 
@@ -82,14 +83,15 @@ _DRIVER = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_ray import _tosca_configs
     data = synthetic_data(num_tasks=3, dim=16, noise=2.5, seed=1)
-    study.run_all(_tosca_configs(seeds=(1, 2, 3)), {root!r}, executor="ray", results_dir={out!r}, data=data,
-                  log=lambda s: print(s, flush=True))
+    study.run_all(_tosca_configs(seeds=(1, 2, 3)), {root!r}, executor="ray", address={address!r},
+                  results_dir={out!r}, data=data, log=lambda s: print(s, flush=True))
 """)
 
 
 def test_a_killed_ray_sweep_resumes_with_finished_variants_skipped(two_workers, tmp_path):
     out = tmp_path / "variants"
-    code = _DRIVER.format(tests=str(Path(__file__).parent), root=str(tmp_path / "runs"), out=str(out))
+    code = _DRIVER.format(tests=str(Path(__file__).parent), root=str(tmp_path / "runs"), out=str(out),
+                          address=two_workers)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_DEDUP_LOGS": "0"}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -99,7 +101,7 @@ def test_a_killed_ray_sweep_resumes_with_finished_variants_skipped(two_workers, 
         while time.monotonic() < deadline and proc.poll() is None and not list(out.glob("*.json")):
             time.sleep(0.1)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)           # the driver, its Ray instance and its workers
+        os.killpg(proc.pid, signal.SIGKILL)           # the driver (its session: only processes it started)
         proc.wait(timeout=30)
     first = {p.name: p.stat().st_mtime_ns for p in out.glob("*.json")}
     assert 0 < len(first) < len(configs), f"the sweep was not caught mid-way: {len(first)} files\n{proc.stdout.read()}"
