@@ -110,7 +110,7 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
     if model is not None and not tiny:   # first: a checkpoint that cannot load fails before any data
         from lab.experiments.aware import hub_llava
 
-        hub = hub_llava.load(model, device=device, dtype=dtype)
+        hub = hub_llava.load(model, device=device, dtype=dtype, progress=progress)
         kw["vision"] = hub_llava.raw_images
     easy = tasks.easy_vqa(n_train=size.n_align, n_test=size.n_easy_eval, **kw)
     wanted = tasks.DOWNSTREAM if tasks_needed is None else tuple(dict.fromkeys(tasks_needed))

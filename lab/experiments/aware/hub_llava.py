@@ -144,23 +144,32 @@ def skeleton(name: str):
 
 
 def load(name: str = DEFAULT, *, device: str | None = None, dtype: str | torch.dtype | None = None,
-         gradient_checkpointing: bool = True):
+         gradient_checkpointing: bool = True, progress: bool = True):
     """``(model, encoder)`` for a hub id or a local folder, on ``device`` in ``dtype`` (default bf16
-    on CUDA, float32 on the CPU), gradient checkpointing on (active while training only)."""
+    on CUDA, float32 on the CPU), gradient checkpointing on (active while training only).
+    ``progress=False``: no download or loading bars."""
     from transformers import AutoProcessor, LlavaForConditionalGeneration
+    from transformers.utils import logging as hf_logging
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dt = dtype if isinstance(dtype, torch.dtype) else dtype_of(dtype, device)
+    bars = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
     try:
-        folder = locate(name)
-    except (ValueError, RuntimeError) as exc:
-        raise type(exc)(f"cannot load {name!r}: {exc}") from None
-    try:
-        processor = AutoProcessor.from_pretrained(folder)
-        model = LlavaForConditionalGeneration.from_pretrained(folder, dtype=dt)
-    except (OSError, ValueError) as exc:
-        raise RuntimeError(f"cannot load {name!r} from {folder} ({str(exc).splitlines()[0][:200]}). "
-                           f"{_how_to_get(name)}") from exc
+        try:
+            folder = locate(name)
+        except (ValueError, RuntimeError) as exc:
+            raise type(exc)(f"cannot load {name!r}: {exc}") from None
+        try:
+            processor = AutoProcessor.from_pretrained(folder)
+            model = LlavaForConditionalGeneration.from_pretrained(folder, dtype=dt)
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"cannot load {name!r} from {folder} ({str(exc).splitlines()[0][:200]}). "
+                               f"{_how_to_get(name)}") from exc
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return wrap(model, processor, device=device, dtype=dt, gradient_checkpointing=gradient_checkpointing)
 
 
