@@ -55,3 +55,47 @@ def describe_saliency(f: dict, study: Study) -> str:
         lines.append(f"- **Calibration size.** The mask from the first {study.n_samples[small]} samples has Jaccard "
                      f"{f['jaccard_' + small]:.2f} with the {study.n_samples[ref]}-sample mask.")
     return "\n".join(lines)
+
+
+def describe_study(study: dict) -> str:
+    """Notebook 04's findings over a shipped study as Markdown bullets: every sentence is a verdict
+    computed from a paired difference and its 95 % interval (:mod:`lab.experiments.aware.intervals`),
+    "no difference detected" when the interval spans zero."""
+    from lab.experiments.aware.study_views import REFERENCE
+
+    s = study["summary"].set_index(["variant", "metric"])
+    c = study["comparisons"]
+    seeds = study["manifest"]["config"]["seeds"]
+
+    def val(v, m, d=1):
+        if (v, m) not in s.index:
+            return "n/a"
+        x = s.loc[(v, m)]
+        return f"{x.estimate:.{d}f} [{x.lo:.{d}f}, {x.hi:.{d}f}]"
+
+    lines = [f"- **Methods** ({len(seeds)} seeds, 95 % intervals): "
+             + "; ".join(f"{v.split('/')[1]} R {val(v, 'R')}, E {val(v, 'E')}, H {val(v, 'H')}"
+                         for v in ("methods/full", "methods/lora", "methods/dora", REFERENCE)
+                         if (v, "R") in s.index) + "."]
+    if ("methods/full", "R") in s.index:
+        x = s.loc[("methods/full", "R")]
+        verdict = ("forgets (its interval lies below 100)" if x.hi < 100 else
+                   "is not shown to forget (its interval reaches 100), so no method can show protection here")
+        lines.append(f"- **Does full fine-tuning forget?** R = {val('methods/full', 'R')}: it {verdict}.")
+    before = study.get("upstream_before")
+    if before is not None and len(before) and ("methods/full", "downstream") in s.index:
+        d = before[before.skill.str.startswith("downstream")].iloc[0]
+        x = s.loc[("methods/full", "downstream")]
+        word = ("learned the task (its interval lies above the most common answer's rate)" if x.lo > d.reference_acc
+                else "is not shown to beat always giving the most common answer, so E compares methods that have not "
+                     "clearly learned the task")
+        lines.append(f"- **Did full fine-tuning learn the task?** downstream {val('methods/full', 'downstream', 3)} vs "
+                     f"the most common answer's {d.reference_acc:.3f} (before fine-tuning {d.acc:.3f}): it {word}.")
+    for name in dict.fromkeys(c.comparison):
+        rows = c[c.comparison == name]
+        lines.append(f"- **{name}:** " + "; ".join(rows.verdict) + ".")
+    cc = study.get("continual_comparisons")
+    if cc is not None and len(cc):
+        lines.append("- **Continual sequence** (accuracy differences in points; the replay variant is this "
+                     "project's extension, not the paper's protocol): " + "; ".join(cc.verdict) + ".")
+    return "\n".join(lines)
