@@ -208,6 +208,10 @@ ROWS: list[Row] = [
     R("aware tune", "--grid", ["--grid", "full=x"], "learning rates must be numbers"),
     R("aware tune", "--grid", ["--grid", "qlora=1e-4", "full=1e-5"], "tunable methods"),
     R("aware tune", "--run-dir", ["--run-dir", "{unwritable}"], "--run-dir {unwritable}: cannot write into"),
+    *[row for action in ("ablate", "tune") for row in (
+        R(f"aware {action}", "--executor", ["--executor", "dask"], "argument --executor: invalid choice: 'dask'"),
+        R(f"aware {action}", "--address", ["--address", "auto"], "--address auto: joins a Ray cluster: needs --executor ray"),
+        R(f"aware {action}", "--address", ["--executor", "ray", "--address", " "], "--address ' ': give auto, HOST:PORT"))],
     R("aware study", "--out", ["--out", "{file}"], "--out {file}: is a file, not a folder"),
     R("aware study", "--preset", ["--preset", "huge"], "argument --preset: invalid choice"),
     R("aware study", "--seeds", ["--seeds", "-1"], "--seeds -1: must be an integer >= 0"),

@@ -137,3 +137,53 @@ def test_executor_runs_jobs_with_shared_inputs_and_checks_its_arguments(two_work
     assert k.startswith("tosca_seed_1-") and k != executors.key("tosca seed/1", RunConfig(seed=2))
     assert executors.resources("cuda:0") == {"num_cpus": 1.0, "num_gpus": 1.0}
     assert executors.resources("cpu", 2) == {"num_cpus": 2.0, "num_gpus": 0.0}
+
+
+@pytest.fixture()
+def one_thread():
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)           # as each Ray worker (1 CPU) runs
+    yield
+    torch.set_num_threads(old)
+
+
+def test_aware_sweep_on_ray_gives_the_local_tables_and_masks(two_workers, one_thread, tmp_path):
+    from _toy import toy_context
+
+    from lab._io import load_tensors
+    from lab.experiments.aware import ablate
+
+    ctx = toy_context(rhos=(0.0, 0.3), continual_methods=())
+    kw = dict(seeds=(0, 1), groups=("methods", "rho"), progress=False)
+    local = ablate.sweep(ctx, run_dir=tmp_path / "local", executor="local", **kw)
+    remote = ablate.sweep(ctx, run_dir=tmp_path / "ray", executor="ray", **kw)
+    for name in ("results", "mask_composition", "upstream_before", "overlap"):
+        _same(local[name], remote[name])
+    n_jobs = len(local["results"][local["results"].get("shared") != True].drop_duplicates(["group", "variant", "seed"]))  # noqa: E712
+    assert len(list((tmp_path / "ray" / "variants").glob("*.json"))) == n_jobs == 2 * len(
+        [v for v in ablate.variants(ctx.size) if v.group in kw["groups"] or v.label in ("full", "aware")])
+    masks = sorted(p.name for p in (tmp_path / "local").glob("masks_*.safetensors"))
+    assert masks and masks == sorted(p.name for p in (tmp_path / "ray").glob("masks_*.safetensors"))
+    for name in masks:
+        a, b = load_tensors(tmp_path / "local" / name)[0], load_tensors(tmp_path / "ray" / name)[0]
+        assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+
+
+def test_aware_tune_on_ray_gives_the_local_tables(two_workers, one_thread, tmp_path, monkeypatch):
+    from _toy import toy, toy_context
+
+    from lab.experiments.aware import tune
+    from lab.experiments.aware.tasks import Task
+
+    ctx = toy_context()
+    monkeypatch.setattr(tune, "validation_context", lambda c, task, n_val, **kw: replace(
+        c, easy=Task("easy_vqa", c.easy.train, toy(n_val, 20)), probe=None,
+        down={task: Task(task, c.down[task].train, toy(n_val, 21))}))
+    kw = dict(grids={"full": (1e-5, 2e-5), "aware": (1e-4, 3e-4)}, seeds=(0,), n_val=5, progress=False)
+    local = tune.tune(ctx, run_dir=tmp_path / "local", executor="local", **kw)
+    remote = tune.tune(ctx, run_dir=tmp_path / "ray", executor="ray", **kw)
+    _same(local["table"], remote["table"])
+    _same(local["runs"], remote["runs"])
+    assert local["chosen"] == remote["chosen"] and len(list((tmp_path / "ray" / "variants").glob("*.json"))) == 4

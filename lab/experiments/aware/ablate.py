@@ -205,8 +205,9 @@ def overlap_rows(ctx: Context, saliency: Mapping[tuple[str, int], Saliency]) -> 
 
 def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[str, ...] | None = None,
           task: str = "fashion", run_dir: str | Path | None = None, continual_order: tuple[str, ...] | None = None,
-          progress: bool = True) -> dict:
+          progress: bool = True, executor: str = "local", address: str | None = None) -> dict:
     """Run the sweep on a prepared :class:`Context`; returns ``{table name: DataFrame, 'run_dir': Path}``.
+    ``executor``/``address``: where the variants run (:mod:`lab.executors`; ``ray``: one Ray task each).
 
     Steps, each feeding the next by value: upstream skills before fine-tuning; saliency of every
     calibration set the variants need; mask overlap; every variant x seed (:func:`run_variant`, one
@@ -243,18 +244,19 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
 
     rows, comp = [], []
     t0 = time.perf_counter()
-    for seed in seeds:
-        for v in chosen:
-            row, info = run_variant(ctx, v, task, seed, before=before, saliency=saliency.get(v.calib_key(size)),
-                                    progress=progress)
-            rows.append(row)
-            if seed == seeds[0] and "masks" in info:
-                _save_masks(run_dir, f"{v.group}_{v.label}", info["masks"])
-                comp += [{"group": v.group, "variant": v.label, "kind": k, "frozen": a, "rows": b,
-                          "frozen_frac": a / b} for k, (a, b) in composition(info["masks"]).items()]
-            if progress:
-                print(f"  {v.group:<12} {v.label:<20} seed {seed}: down {row['downstream']:.3f} "
-                      f"R {row['R']:.1f} ({row['train_s']:.0f}s)", flush=True)
+    todo = [VariantRun(v, task, seed, keep_masks=seed == seeds[0], progress=progress) for seed in seeds for v in chosen]
+    done = run_variants(ctx, todo, before=before, saliency=saliency, executor=executor, address=address,
+                        results_dir=run_dir / "variants")     # one job per variant x seed; a rerun skips finished ones
+    for r, (row, masks) in zip(todo, done):
+        v, seed = r.variant, r.seed
+        rows.append(row)
+        if masks is not None:
+            _save_masks(run_dir, f"{v.group}_{v.label}", masks)
+            comp += [{"group": v.group, "variant": v.label, "kind": k, "frozen": a, "rows": b,
+                      "frozen_frac": a / b} for k, (a, b) in composition(masks).items()]
+        if progress:
+            print(f"  {v.group:<12} {v.label:<20} seed {seed}: down {row['downstream']:.3f} "
+                  f"R {row['R']:.1f} ({row['train_s']:.0f}s)", flush=True)
     rows = add_efficiency(rows)
     timings["variants_s"] = time.perf_counter() - t0
 
@@ -291,3 +293,48 @@ def run(size: str | Size = "default", *, seeds=None, groups=None, task: str = "f
     """Set up and sweep: the whole ablation of the offline default in one call."""
     ctx = setup(size, progress=progress, cache_dir=cache_dir, device=device)
     return sweep(ctx, seeds=seeds, groups=groups, task=task, run_dir=run_dir, progress=progress)
+
+
+@dataclass(frozen=True)
+class VariantRun:
+    """One job of a sweep: fine-tune ``variant`` on ``task`` with ``seed``."""
+
+    variant: Variant
+    task: str
+    seed: int
+    keep_masks: bool = False     # return the selection masks (the sweep saves the first seed's)
+    progress: bool = False       # progress bars inside the run (local executor only)
+
+
+def run_one(r: VariantRun, ctx, before: Mapping[str, float], saliency: Mapping) -> dict:
+    """The job: :func:`lab.experiments.aware.ablate.run_variant` on a fresh copy of the base. Torch's
+    global generator is seeded first (LoRA/DoRA draw their initial matrices from it), so a variant's
+    numbers do not depend on what ran before it in the process: the same under either executor, and
+    after a resume."""
+    torch.manual_seed(r.seed)
+    row, info = run_variant(ctx, r.variant, r.task, r.seed, before=before,
+                            saliency=saliency.get(r.variant.calib_key(ctx.size)), progress=r.progress)
+    out = {"row": row}
+    if r.keep_masks and "masks" in info:
+        out["masks"] = {n: "".join("1" if x else "0" for x in m.tolist()) for n, m in info["masks"].items()}
+    return out
+
+
+def run_variants(ctx, runs: list[VariantRun], *, before: Mapping[str, float], saliency: Mapping,
+                 executor: str = "local", address: str | None = None, results_dir=None,
+                 log=None) -> list[tuple[dict, dict | None]]:
+    """``(row, masks or None)`` per run, in ``runs`` order."""
+    from lab import executors
+
+    device = str(next(ctx.base.parameters()).device)
+    size = asdict(ctx.size)
+    jobs = []
+    for r in runs:
+        r = replace(r, progress=r.progress and executor == "local")
+        ident = {"run": {**asdict(r), "progress": None}, "size": size}
+        jobs.append(executors.Job(executors.key(f"{r.variant.group}-{r.variant.label}-{r.task}-s{r.seed}", ident),
+                                  run_one, r, **executors.resources(device)))
+    results = executors.run(jobs, executor=executor, address=address, shared=(ctx, dict(before), dict(saliency)),
+                            results_dir=results_dir, log=log)
+    return [(res["row"], {n: torch.tensor([c == "1" for c in m]) for n, m in res["masks"].items()}
+             if "masks" in res else None) for res in results]

@@ -65,6 +65,7 @@ def register(subparsers) -> None:
                    help="only these groups (full fine-tuning and main AWARe always run: E needs them)")
     q.add_argument("--task", default="fashion", choices=["fashion", "digits", "even"])
     q.add_argument("--run-dir", default=None, help="output folder (default: a new unique runs/aware/... folder)")
+    executor_args(q)
     q.set_defaults(func=cmd_ablate)
     q = sub.add_parser("tune", help="choose each method's learning rate on held-out validation questions; print the flags",
                        description="Fine-tune full / LoRA / AWARe at each candidate lr on the sweep's train pool and score "
@@ -77,6 +78,7 @@ def register(subparsers) -> None:
     q.add_argument("--grid", nargs="+", default=None, metavar="METHOD=LR,LR",
                    help="candidate lrs, e.g. full=1e-5,2e-5 aware=1e-4,3e-4 (default: lab.experiments.aware.tune.GRIDS)")
     q.add_argument("--run-dir", default=None, help="output folder (default: a new unique runs/aware/... folder)")
+    executor_args(q)
     q.set_defaults(func=cmd_tune)
     q = sub.add_parser("study", help="the shipped study: every group, several seeds, a tuned lr per variant, 95%% intervals",
                        description="Tune every variant's learning rate on validation questions (cached), run every "
@@ -95,6 +97,30 @@ def register(subparsers) -> None:
     q.add_argument("--quiet", action="store_true", help="no progress lines")
     q.set_defaults(func=cmd_study)
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
+
+
+def executor_args(q) -> None:
+    """``--executor`` / ``--address`` of a sweep (:mod:`lab.executors`)."""
+    q.add_argument("--executor", default="local", choices=["local", "ray"],
+                   help="local: one variant after another (default); ray: one Ray task per variant (pip install -e "
+                        "'.[scale]'); finished variants are kept in RUN_DIR/variants/ and skipped when rerun with --run-dir")
+    q.add_argument("--address", default=None, help="join the Ray cluster at this address (e.g. auto or HOST:6379; "
+                                                   "with --executor ray; default: a local Ray on this machine's cores)")
+
+
+def _check_executor(args) -> None:
+    """``--executor`` / ``--address`` (one line naming the bad one; nothing is started)."""
+    from lab import _validate as V
+
+    if args.address is not None and args.executor != "ray":
+        raise V.bad("--address", args.address, "joins a Ray cluster: needs --executor ray")
+    if args.address is not None and not args.address.strip():
+        raise V.bad("--address", args.address, "give auto, HOST:PORT or ray://HOST:PORT")
+    if args.executor == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise V.bad("--executor", "ray", "needs Ray: pip install -e '.[scale]' (or pip install ray)") from None
 
 
 def check_common(args) -> None:
@@ -254,10 +280,11 @@ def cmd_ablate(args) -> int:
     for s in args.seeds or ():
         V.seed("--seeds", s)
     _run_dir_check(args)
+    _check_executor(args)
     ctx = _ctx(args)
     out = sweep(ctx, seeds=tuple(args.seeds) if args.seeds else None,
                 groups=tuple(args.groups) if args.groups else None, task=args.task,
-                run_dir=args.run_dir, progress=not args.quiet)
+                run_dir=args.run_dir, progress=not args.quiet, executor=args.executor, address=args.address)
     import pandas as pd
 
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.precision", 3):
@@ -306,12 +333,13 @@ def cmd_tune(args) -> int:
     for s in args.seeds:
         V.seed("--seeds", s)
     _run_dir_check(args)
+    _check_executor(args)
     size = _size(args)
     _threads()
     ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device, tasks_needed=(args.task,),
                 model=args.model, dtype=args.dtype)
     out = tune(ctx, task=args.task, grids=grids, seeds=tuple(args.seeds), n_val=args.n_val, run_dir=args.run_dir,
-               cache_dir=args.cache_dir, progress=not args.quiet)
+               cache_dir=args.cache_dir, progress=not args.quiet, executor=args.executor, address=args.address)
     import pandas as pd
 
     with pd.option_context("display.width", 160, "display.precision", 3):

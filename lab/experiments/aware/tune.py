@@ -76,7 +76,8 @@ def choose(rows: list[dict]) -> dict[str, float]:
 
 
 def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n_val: int = 100,
-         run_dir: str | Path | None = None, cache_dir=None, progress: bool = True) -> dict:
+         run_dir: str | Path | None = None, cache_dir=None, progress: bool = True, executor: str = "local",
+         address: str | None = None) -> dict:
     """Run every candidate lr (x seed) on the validation questions; returns ``{'table'`` (mean over
     seeds), ``'runs'`` (one row per seed), ``'chosen', 'before', 'run_dir'}``. ``ctx``: a prepared
     sweep context with ``task`` built (:func:`lab.experiments.aware.context.setup`)."""
@@ -86,7 +87,7 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n
     from lab._io import write_json, write_table
     from lab.aware.methods import MethodSpec, uses_saliency
     from lab.aware.saliency import profile
-    from lab.experiments.aware.ablate import Variant, run_variant
+    from lab.experiments.aware.ablate import Variant, VariantRun, run_variants
     from lab.experiments.aware.context import MAIN, upstream
     from lab.experiments.aware.profiling import calibration_batches
 
@@ -107,17 +108,18 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n
     if any(uses_saliency(MethodSpec(m, MAIN)) for m in grids):
         sal = profile(val.base, calibration_batches(val.calib[key], val.enc), targets=MAIN.targets, progress=progress)
     runs_ = []
-    for method, lrs in grids.items():
-        for lr in lrs:
-            v = Variant("tune", f"{method}@{lr:g}", MethodSpec(method, MAIN),
-                        train=replace(ctx.size.train, **{LR_FIELD[method]: lr}))   # the candidate lr travels in the variant
-            for seed in seeds:
-                row, _ = run_variant(val, v, task, seed, before=before, saliency=sal, progress=progress)
-                runs_.append({"method": method, "lr": lr, "seed": seed, **{k: row[k] for k in (
-                    "downstream", "up_easy_vqa", "R", "trainable_frac", "train_s")}})
-                if progress:
-                    print(f"  {method:<6} lr {lr:<8g} seed {seed}: val downstream {row['downstream']:.3f}  "
-                          f"val R {row['R']:.1f}", flush=True)
+    todo = [(method, lr, seed, VariantRun(Variant("tune", f"{method}@{lr:g}", MethodSpec(method, MAIN),
+                                                  train=replace(ctx.size.train, **{LR_FIELD[method]: lr})),
+                                          task, seed, progress=progress))   # the candidate lr travels in the variant
+            for method, lrs in grids.items() for lr in lrs for seed in seeds]
+    done = run_variants(val, [t[-1] for t in todo], before=before, saliency={key: sal} if sal is not None else {},
+                        executor=executor, address=address, results_dir=run_dir / "variants")
+    for (method, lr, seed, _), (row, _) in zip(todo, done):
+        runs_.append({"method": method, "lr": lr, "seed": seed, **{k: row[k] for k in (
+            "downstream", "up_easy_vqa", "R", "trainable_frac", "train_s")}})
+        if progress:
+            print(f"  {method:<6} lr {lr:<8g} seed {seed}: val downstream {row['downstream']:.3f}  "
+                  f"val R {row['R']:.1f}", flush=True)
     per_seed = pd.DataFrame(runs_)
     mean = per_seed.groupby(["method", "lr"], sort=False)[["downstream", "up_easy_vqa", "R", "trainable_frac", "train_s"]].mean()
     mean["seeds"] = len(seeds)
