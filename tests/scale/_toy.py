@@ -34,3 +34,13 @@ def toy_context(**size_over):
                    Task("probe", None, toy(6, 2, text=True)),
                    {t: Task(t, toy(16, 3 + i), toy(8, 6 + i)) for i, t in enumerate(("fashion", "digits", "even"))},
                    size, {("upstream", 8): toy(8, 9), ("upstream", 4): toy(4, 9), ("proxy", 8): toy(8, 10)})
+
+
+def _train():
+    from lab.experiments.aware.finetune import TrainConfig
+
+    # lrs large enough that 4 steps move the weights far beyond the comparison's float tolerance
+    return TrainConfig(steps=4, batch_size=8, lr=1e-2, lr_aware=1e-2, lr_projector=1e-2, warmup=0.0)
+
+
+TRAIN = _train()

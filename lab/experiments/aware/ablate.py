@@ -86,18 +86,19 @@ _MAIN_LABEL = {"rule": "activation-global", "rho": "rho=0.3", "targets": "qkv+pr
 
 def run_variant(ctx: Context, v: Variant, task: str, seed: int, *, before: Mapping[str, float],
                 saliency: Saliency | None = None, progress: bool = True,
-                keep_model: bool = False) -> tuple[dict, dict]:
+                keep_model: bool = False, trainer=None) -> tuple[dict, dict]:
     """Fine-tune a fresh copy of the base on ``task``; return (row, info with masks [and model]).
 
     Reads ``ctx`` and writes nothing shared: ``before`` (upstream skills of the base) and
     ``saliency`` (the profile of the variant's calibration set, :func:`profile_calibrations`) are
-    computed once beforehand and passed in."""
+    computed once beforehand and passed in. ``trainer``: a function with :func:`train`'s signature
+    (default :func:`train`; several processes: :meth:`lab.experiments.aware.distributed.Session.train`)."""
     cfg = replace(v.train or ctx.size.train, seed=seed)
     spec = v.spec if v.spec.aware.rule != "random" else replace(v.spec, aware=replace(v.spec.aware, seed=seed))
     model = copy.deepcopy(ctx.base)
     t0 = time.perf_counter()
     model, groups, info = prepare(model, spec, cfg, saliency=saliency)
-    log = train(model, groups, ctx.down[task].train, ctx.enc, cfg, progress=progress, desc=f"{v.group}/{v.label}")
+    log = (trainer or train)(model, groups, ctx.down[task].train, ctx.enc, cfg, progress=progress, desc=f"{v.group}/{v.label}")
     train_s = time.perf_counter() - t0
     model = finish(model, spec.method)
     up = dict(before) if spec.method == "zero-shot" and before else upstream(model, ctx)

@@ -251,15 +251,28 @@ def cmd_finetune(args) -> int:
         V.out_dir("--save", args.save)
     check_targets(args.targets, model=args.model)     # last: it builds the model's skeleton (a few seconds)
     aware = AwareConfig(rho=args.rho, rule=args.rule, targets=args.targets)   # validates before work
-    ctx = _ctx(args)
+    from contextlib import nullcontext
+
+    from lab.experiments.aware import distributed
+
+    dist = distributed.session(args.device)     # None in one process; under `accelerate launch`: DDP, rank 0 writes
+    if dist:
+        args.device = str(dist.device)
+    with dist.main_first() if dist else nullcontext():
+        ctx = _ctx(args)
     before = upstream(ctx.base, ctx, exact=False)
     v = Variant("cli", args.method, MethodSpec(args.method, aware if args.method != "full" else MAIN), calib=args.calib)
     sal = None
     if uses_saliency(v.spec):
-        sal = profile(ctx.base, calibration_batches(ctx.calib[v.calib_key(ctx.size)], ctx.enc),
-                      targets=aware.targets, progress=not args.quiet)
+        sal = (dist.profile if dist else profile)(ctx.base, calibration_batches(ctx.calib[v.calib_key(ctx.size)], ctx.enc),
+                                                  targets=aware.targets, progress=not args.quiet)
     row, info = run_variant(ctx, v, args.task, args.seed, before=before, saliency=sal, progress=not args.quiet,
-                            keep_model=bool(args.save))
+                            keep_model=bool(args.save), trainer=dist.train if dist else None)
+    if dist and not dist.is_main:
+        return 0
+    if dist:
+        print(f"{dist.world} processes ({dist.report['distributed_type']}, {dist.report['backend']}): "
+              f"{dist.report.get('train', {})}")
     print(f"{args.method} on {args.task}: downstream acc {row['downstream']:.3f}; upstream easy-VQA "
           f"{before['easy_vqa']:.3f} -> {row['up_easy_vqa']:.3f}, probe {before['probe']:.3f} -> "
           f"{row['up_probe']:.3f}; R {row['R']:.1f}; trainable {row['trainable_frac'] * 100:.1f}%; "
