@@ -107,6 +107,9 @@ def _card_html(c: dict[str, Any]) -> str:
              f" · {e(str(c.get('rendered_at') or ''))}</span></p>"]
     if c["summary"]:
         parts.append(f"<p>{e(c['summary'])}</p>")
+    for k, v in (c["metrics"] or {}).items():   # a notebook's own alarm (e.g. code changed since a shipped study)
+        if isinstance(v, str) and v.startswith(("CHANGED", "DISAGREES")):
+            parts.append(f"<p class='err'>⚠ {e(k)}: {e(v)}</p>")
     if c["metrics"]:
         rows = "".join(f"<tr><th>{e(k)}</th><td>{e(_format(v))}</td></tr>" for k, v in c["metrics"].items())
         parts.append(f"<table class='metrics'>{rows}</table>")

@@ -349,3 +349,48 @@ def headline(study: dict) -> dict:
 
 def _isnan(x) -> bool:
     return isinstance(x, float) and math.isnan(x)
+
+
+README_HEADING = "## What the offline AWARe default measures"
+README_CLAIMS = (("AWARe vs full fine-tuning", ("R", "H")), ("AWARe vs LoRA", ("H",)), ("AWARe vs DoRA", ("H",)),
+                 ("activation vs weight-norm", ("R", "H")), ("activation vs random", ("R", "H")),
+                 ("rho 0.3 vs 0.1", ("H",)), ("rho 0.3 vs 0.5", ("H",)), ("q/k/v+projector vs +MLP", ("R", "H")),
+                 ("upstream vs proxy calibration", ("H",)))
+
+
+def readme_section(study: dict) -> str:
+    """The README section on the AWARe default, written from the shipped study: its tables with
+    intervals and the headline verdicts (``tests/experiments/aware/test_shipped_study.py`` keeps the
+    README equal to this)."""
+    m = study["manifest"]
+    cfg, mach = m["config"], m.get("machine", {})
+    before = study["upstream_before"].set_index("skill")
+    down = before[before.index.str.startswith("downstream")].iloc[0]
+    c = study["comparisons"].set_index(["comparison", "metric"])
+    claims = [f"- {c.loc[(name, met), 'verdict']}" for name, mets in README_CLAIMS for met in mets
+              if (name, met) in c.index]
+    cc = study["continual_comparisons"]
+    cont = [f"- {r.verdict}" for r in cc.itertuples() if r.metric in ("Avg", "BWT")]
+    parts = [
+        README_HEADING, "",
+        f"`{m['command']}` ({len(cfg['seeds'])} seeds, {cfg['steps']} steps x {cfg['batch_size']} on `{cfg['task']}`, "
+        f"a learning rate tuned for every variant on validation questions; {m['wall_s'] / 60:.0f} min on "
+        f"{mach.get('cpu', '?')} with {mach.get('torch_threads', '?')} torch thread(s)) wrote the tables and "
+        f"`manifest.json` (exact command, sha256 of the `lab/aware` and `lab/experiments/aware` sources, date, "
+        f"machine, wall time) in `results/aware/`. Every number is the mean over seeds with its 95 % interval: "
+        f"{m['intervals']}. R: upstream retention (easy-VQA and a text probe), E: downstream vs full fine-tuning, "
+        f"H: their harmonic mean. Before fine-tuning: easy-VQA {before.loc['easy_vqa', 'acc']:.2f} (majority answer "
+        f"{before.loc['easy_vqa', 'reference_acc']:.2f}), probe {before.loc['probe', 'acc']:.2f} (chance 0.25); the "
+        f"downstream test set's most common answer {down.reference_acc:.2f}.",
+        "", readme_table(study), "", readme_continual(study), "",
+        "Read as differences with 95 % intervals (computed, not written by hand):", "", *claims, *cont, "",
+        f"What was reduced to make the study fit its machine: {m.get('note', '')} Notebook 04 shows every group, "
+        "the tuning candidates and a live re-run of part of the study.", ""]
+    return "\n".join(parts)
+
+
+def readme_block(text: str) -> str:
+    """The README's current AWARe section (from its heading to the next ``## `` heading)."""
+    start = text.index(README_HEADING)
+    end = text.find("\n## ", start + len(README_HEADING))
+    return text[start:end + 1 if end >= 0 else len(text)]
