@@ -31,7 +31,7 @@ def main(out: Path) -> None:
         v = Variant("ddp", method, MethodSpec(method, MAIN))
         row, info = run_variant(ctx, v, "fashion", 0, before=before, saliency=sal, progress=False,
                                 keep_model=True, trainer=dist.train)
-        report[method] = {"train": dict(dist.report["train"]), "downstream": row["downstream"]}
+        report[method] = {"train": dict(dist.report["train"]), "downstream": row["downstream"], "summary": dist.summary()}
         if dist.is_main:
             save_tensors(out / f"{method}.safetensors", {k: t.clone() for k, t in info["model"].state_dict().items()})
             if "masks" in info:

@@ -95,6 +95,10 @@ def test_frozen_rows_are_bit_identical_and_cost_no_state_or_traffic(two_processe
     assert train["frozen_identical_on_ranks"] and train["frozen_unchanged"]
     assert train["grad_elements_reduced_per_step"] == train["trainable"]      # only trainable rows travel
     assert train["optimizer_state_elements"] == 2 * train["trainable"]       # AdamW's two moments, nothing else
+    assert report["aware"]["summary"] == (
+        f"2 processes (MULTI_CPU, gloo): {train['trainable']:,} trainable; {train['trainable']:,} gradient elements "
+        f"all-reduced per step; optimizer state {2 * train['trainable']:,} elements; frozen weights unchanged and "
+        f"identical on every rank (sha256 {train['frozen_sha256'][:12]})")
     rows = sum(int((~m).sum()) * two[f"{n}.weight"].shape[1] for n, m in masks.items())
     assert train["trainable"] < report["full"]["train"]["trainable"] and train["trainable"] >= rows
 

@@ -264,15 +264,18 @@ def cmd_finetune(args) -> int:
     v = Variant("cli", args.method, MethodSpec(args.method, aware if args.method != "full" else MAIN), calib=args.calib)
     sal = None
     if uses_saliency(v.spec):
-        sal = (dist.profile if dist else profile)(ctx.base, calibration_batches(ctx.calib[v.calib_key(ctx.size)], ctx.enc),
-                                                  targets=aware.targets, progress=not args.quiet)
+        qa = ctx.calib[v.calib_key(ctx.size)]
+        if dist:    # every rank profiles its share of the batches (at least one each)
+            sal = dist.profile(ctx.base, calibration_batches(qa, ctx.enc, batch_size=dist.shard_batch_size(len(qa))),
+                               targets=aware.targets, progress=not args.quiet)
+        else:
+            sal = profile(ctx.base, calibration_batches(qa, ctx.enc), targets=aware.targets, progress=not args.quiet)
     row, info = run_variant(ctx, v, args.task, args.seed, before=before, saliency=sal, progress=not args.quiet,
                             keep_model=bool(args.save), trainer=dist.train if dist else None)
     if dist and not dist.is_main:
         return 0
     if dist:
-        print(f"{dist.world} processes ({dist.report['distributed_type']}, {dist.report['backend']}): "
-              f"{dist.report.get('train', {})}")
+        print(dist.summary())
     print(f"{args.method} on {args.task}: downstream acc {row['downstream']:.3f}; upstream easy-VQA "
           f"{before['easy_vqa']:.3f} -> {row['up_easy_vqa']:.3f}, probe {before['probe']:.3f} -> "
           f"{row['up_probe']:.3f}; R {row['R']:.1f}; trainable {row['trainable_frac'] * 100:.1f}%; "

@@ -69,6 +69,10 @@ class Session:
         dist.all_reduce(t)
         return t.cpu()
 
+    def shard_batch_size(self, n: int, batch_size: int = 8) -> int:
+        """The calibration batch size that gives every rank at least one batch of ``n`` samples."""
+        return max(1, min(batch_size, n // self.world))
+
     def profile(self, model: nn.Module, batches, **kw):
         """:func:`lab.aware.saliency.profile` with the batches sharded across ranks, sums reduced."""
         from lab.aware.saliency import Saliency, profile
@@ -175,6 +179,18 @@ class Session:
             raise RuntimeError(f"frozen weights moved or differ across ranks: {self.report['train']}")
         self.acc.free_memory()                                        # unwrap: the model is a plain module again
         return {"losses": losses, "step_seconds": times}
+
+    def summary(self) -> str:
+        """One line: processes, backend, and what the last training reduced, kept and checked."""
+        head = f"{self.world} processes ({self.acc.distributed_type.name}, {self.report['backend']})"
+        t = self.report.get("train")
+        if not t:
+            return head
+        reduced = t["grad_elements_reduced_per_step"]
+        return (f"{head}: {t['trainable']:,} trainable; "
+                + (f"{reduced:,.0f} gradient elements all-reduced per step; " if reduced is not None else "")
+                + f"optimizer state {t['optimizer_state_elements']:,} elements; frozen weights unchanged and "
+                  f"identical on every rank (sha256 {t['frozen_sha256'][:12]})")
 
     def barrier(self) -> None:
         self.acc.wait_for_everyone()
