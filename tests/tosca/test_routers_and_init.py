@@ -187,3 +187,32 @@ def test_bad_init_names():
         ToscaConfig(luca_init="kaiming")
     with pytest.raises(ValueError, match="valid: uniform, zeros"):
         CosineHead(4).grow(1, init="normal")
+
+
+def test_uniform_rows_are_cosine_linears_reset_parameters_for_the_same_generator():
+    """The 'uniform' head option (and the reference's first task): PILOT's CosineLinear.reset_parameters,
+    ``stdv = 1 / sqrt(in_features); weight.uniform_(-stdv, stdv)``, bit for bit."""
+    d = 12
+    head = CosineHead(d)
+    head.grow(3, torch.Generator().manual_seed(5), init="uniform")
+    ref = torch.empty(3, d)
+    stdv = 1.0 / math.sqrt(ref.size(1))
+    ref.uniform_(-stdv, stdv, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(head.weight.detach(), ref)
+
+
+def test_xavier_option_is_reset_tosca_for_the_same_generator():
+    """The 'xavier' LuCA option (and the reference's tasks after the first): Xavier-uniform weights,
+    zero biases, in module order; LayerNorm at weight 1 / bias 0."""
+    d = 32
+    luca = LuCA(d)
+    luca.reset_parameters(torch.Generator().manual_seed(9), init="xavier")
+    gen = torch.Generator().manual_seed(9)
+    for lin in (luca.down, luca.up, luca.se_down, luca.se_up):
+        w = torch.empty_like(lin.weight)
+        nn.init.xavier_uniform_(w, generator=gen)
+        assert torch.equal(lin.weight, w)
+        if lin.bias is not None:
+            assert torch.equal(lin.bias, torch.zeros_like(lin.bias))
+    assert torch.equal(luca.norm.weight, torch.ones(d)) and torch.equal(luca.norm.bias, torch.zeros(d))
+

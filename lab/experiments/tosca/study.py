@@ -1,18 +1,26 @@
 """The TOSCA study: seeds x scenarios x (TOSCA under every router, with each initialisation) and
 the cheap baselines, on cached features -> tidy tables with 95 % intervals over seeds.
 
-    python -m lab.experiments.tosca.study --out results/tosca            # the committed tables
+    python -m lab.experiments.tosca.study --executor ray --out results/tosca   # the committed tables
     python -m lab.experiments.tosca.study --seeds 1993 --epochs 2 --out /tmp/x   # a quick look
 
 A sweep is a list of frozen :class:`~lab.experiments.tosca.run.RunConfig` variants built by one
-pure function (:func:`variants`) and mapped by :func:`run_all`. Written into ``--out``:
+pure function (:func:`variants`) and mapped by :func:`run_all`: per scenario and seed, TOSCA with
+the reference initialisation and with this library's former one (uniform head rows, Xavier LuCA),
+the LuCA flow ablation (adapter / calibrator / tosca_r, reference initialisation) on the scenarios
+in ``--flow-scenarios``, and every cheap baseline. TOSCA is evaluated under every router. Written
+into ``--out``:
 
-* ``runs.csv``    one row per (scenario, seed, method, head_init, luca_init, routing): Ā, A_B,
-                  routing accuracy (last stage and mean over stages), all in percent; seconds
-* ``summary.csv`` per (scenario, method, head_init, luca_init, routing): seeds, mean and the 95 %
-                  t-interval half-width over seeds of each of those numbers
-* ``manifest.json`` the exact command, sha256 of the lab/tosca and lab/experiments/tosca sources,
-                  date, machine, torch threads, wall time
+* ``runs.csv``    one row per (scenario, seed, method, flow, head_init, luca_init, routing): Ā,
+                  A_B, routing accuracy (last stage and mean over stages), all in percent; trainable
+                  parameters, training seconds (train_s) and the run's seconds
+* ``summary.csv`` per (scenario, method, flow, head_init, luca_init, routing): seeds, mean and the
+                  95 % t-interval half-width over seeds of each of those numbers
+* ``manifest.json`` the exact command, sha256 of the lab/tosca and lab/experiments/tosca sources
+                  (:func:`sources_sha256`), date, machine, torch threads, wall time
+
+Paired comparisons (a difference per seed, then its t-interval) are computed from ``runs.csv`` by
+:mod:`lab.experiments.tosca.results`.
 """
 from __future__ import annotations
 
@@ -31,21 +39,34 @@ from .run import RunConfig
 
 SCENARIOS = ("fashion_mnist_mini", "mnist_5k+fashion_mnist_mini")
 BASELINES = ("simplecil", "ncm", "fecam", "ranpac")
-INITS = (("reference", "reference"), ("uniform", "xavier"), ("uniform", "reference"), ("reference", "xavier"))
+# (head_init, luca_init): the reference's, then this library's former default
+INITS = (("reference", "reference"), ("uniform", "xavier"))
+ABLATION_FLOWS = ("adapter", "calibrator", "tosca_r")  # beside 'tosca' (lab.tosca.luca.FLOWS)
 METRICS = ("avg_inc_acc", "last_acc", "routing_accuracy_last", "routing_accuracy_mean")
+KEYS = ["scenario", "method", "flow", "head_init", "luca_init", "routing"]
+# not hashed for this study: the reader of the shipped tables and the efficiency measurement
+# (neither produces a number of the study; efficiency.py's own manifest hashes it)
+UNHASHED = ("results.py", "efficiency.py")
 
 
-def variants(base: RunConfig, *, scenarios, seeds, baselines=BASELINES, inits=INITS, routings=None) -> list[RunConfig]:
+def variants(base: RunConfig, *, scenarios, seeds, baselines=BASELINES, inits=INITS, routings=None,
+             flows=ABLATION_FLOWS, flow_scenarios=None) -> list[RunConfig]:
     """Every run of the study as a frozen config: per scenario and seed, TOSCA once per
-    (head_init, luca_init) — evaluated under every routing — and each baseline once."""
+    (head_init, luca_init) and — on ``flow_scenarios`` (default: the first scenario) — once per
+    ablation flow with the reference initialisation, each evaluated under every routing; and each
+    baseline once."""
     from lab.tosca.routing import list_routings
 
     routings = tuple(routings or list_routings())
+    flow_scenarios = scenarios[:1] if flow_scenarios is None else flow_scenarios
     out = []
     for scenario, seed in itertools.product(scenarios, seeds):
         common = dict(datasets=tuple(scenario.split("+")), seed=int(seed))
         out += [replace(base, method="tosca", head_init=h, luca_init=lu, routings=routings, **common)
                 for h, lu in inits]
+        if scenario in flow_scenarios:
+            out += [replace(base, method="tosca", flow=f, head_init="reference", luca_init="reference",
+                            routings=routings, **common) for f in flows]
         out += [replace(base, method=m, **common) for m in baselines]
     return out
 
@@ -76,11 +97,13 @@ def run_one(cfg: RunConfig, runs_root, data=None) -> list[dict]:
     t0 = time.perf_counter()
     res = run(cfg, data=_data(cfg, _DATA) if data is None else data, runs_root=runs_root, progress=False)
     secs = time.perf_counter() - t0
+    tosca = cfg.method == "tosca"
     return [{"scenario": "+".join(cfg.datasets), "seed": cfg.seed, "method": cfg.method,
-             "head_init": cfg.head_init if cfg.method == "tosca" else "",
-             "luca_init": cfg.luca_init if cfg.method == "tosca" else "",
-             "routing": r["routing"], **{m: r[m] for m in METRICS[:2]},
-             **{m: 100 * r[m] for m in METRICS[2:]}, "seconds": secs}  # routing accuracy in %
+             "flow": cfg.flow if tosca else "", "head_init": cfg.head_init if tosca else "",
+             "luca_init": cfg.luca_init if tosca else "", "routing": r["routing"],
+             **{m: r[m] for m in METRICS[:2]}, **{m: 100 * r[m] for m in METRICS[2:]},  # routing accuracy in %
+             "trainable_params": res.info["trainable_params_total"],
+             "train_s": res.info["seconds"]["training"], "seconds": secs}
             for r in res.summary.to_dict("records")]
 
 
@@ -91,7 +114,7 @@ def run_all(configs, runs_root, *, log=print, executor: str = "local", address: 
     from lab import executors
 
     jobs = [executors.Job(executors.key(f"{cfg.method}-{'+'.join(cfg.datasets)}-s{cfg.seed}-"
-                                        f"{cfg.head_init}-{cfg.luca_init}", cfg), run_one, cfg,
+                                        f"{cfg.head_init}-{cfg.luca_init}" + ("" if cfg.flow == "tosca" else f"-{cfg.flow}"), cfg), run_one, cfg,
                           **executors.resources(cfg.device, max(1, cfg.threads))) for cfg in configs]
     try:
         results = executors.run(jobs, executor=executor, address=address, shared=(str(runs_root), data),
@@ -115,24 +138,36 @@ def t_interval(values) -> tuple[float, float]:
 
 
 def summarise(rows):
-    """Mean and 95 % t-interval over seeds per (scenario, method, head_init, luca_init, routing)."""
+    """Mean and 95 % t-interval over seeds per (scenario, method, flow, head_init, luca_init, routing)."""
     import pandas as pd
 
-    df = pd.DataFrame(rows)
-    keys = ["scenario", "method", "head_init", "luca_init", "routing"]
+    df = pd.DataFrame(rows).fillna({k: "" for k in KEYS})
     out = []
-    for key, g in df.groupby(keys, sort=False):
-        row = dict(zip(keys, key), seeds=len(g))
+    for key, g in df.groupby(KEYS, sort=False):
+        row = dict(zip(KEYS, key), seeds=len(g))
         for m in METRICS:
             row[m], row[f"{m}_ci95"] = t_interval(g[m])
         out.append(row)
     return pd.DataFrame(out)
 
 
-def _sources_sha256() -> dict:
+def sources_sha256(unhashed=UNHASHED) -> dict:
+    """sha256 of every source of lab/tosca and lab/experiments/tosca (but the file names in
+    ``unhashed``), keyed by its path from the repository root."""
     root = Path(__file__).resolve().parents[2]
     files = sorted([*(root / "tosca").glob("*.py"), *(root / "experiments" / "tosca").glob("*.py")])
-    return {str(f.relative_to(root.parent)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+    return {f.relative_to(root.parent).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in files if f.name not in unhashed}
+
+
+def machine() -> dict:
+    import os
+
+    import torch
+
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
 
 
 def _digest(sources: dict) -> str:
@@ -147,6 +182,8 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--inc", type=int, default=2)
     p.add_argument("--resolution", type=int, default=None)
+    p.add_argument("--flow-scenarios", nargs="*", default=None,
+                   help="scenarios of the LuCA flow ablation (default: the first of --scenarios)")
     p.add_argument("--out", default="results/tosca")
     p.add_argument("--executor", default="local", choices=("local", "ray"),
                    help="local: one variant after another; ray: one Ray task per variant (finished variants "
@@ -166,10 +203,11 @@ def main(argv=None) -> int:
     from lab import _io
 
     base = RunConfig(epochs=args.epochs, inc=args.inc, resolution=args.resolution)
-    configs = variants(base, scenarios=args.scenarios, seeds=args.seeds, baselines=args.baselines)
+    configs = variants(base, scenarios=args.scenarios, seeds=args.seeds, baselines=args.baselines,
+                       flow_scenarios=args.flow_scenarios)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sources = _sources_sha256()  # before the runs: the code that produced the numbers
+    sources = sources_sha256()  # before the runs: the code that produced the numbers
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as runs_root:
         rows = run_all(configs, runs_root, executor=args.executor, address=args.address,
@@ -181,9 +219,7 @@ def main(argv=None) -> int:
     _write_csv(out / "summary.csv", summarise(rows))
     manifest = {"command": "python -m lab.experiments.tosca.study " + " ".join(argv if argv is not None else sys.argv[1:]),
                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                            "python": platform.python_version(), "torch": torch.__version__,
-                            "torch_threads": torch.get_num_threads()},
+                "machine": machine(), "executor": args.executor,
                 "wall_seconds": round(wall, 1), "runs": len(configs), "base_config": base.to_dict(),
                 "sources_sha256": sources}
     _io.write_json(out / "manifest.json", manifest)

@@ -136,14 +136,19 @@ def test_study_variants_are_a_pure_product_of_frozen_configs():
     from lab.experiments.tosca import study
 
     base = RunConfig(epochs=1)
-    v = study.variants(base, scenarios=["a", "b+c"], seeds=[1, 2], baselines=["ncm"],
+    v = study.variants(base, scenarios=["a", "b+c"], seeds=[1, 2], baselines=["ncm"], flows=(),
                        inits=[("reference", "reference"), ("uniform", "xavier")], routings=["per-sample"])
     assert len(v) == 2 * 2 * (2 + 1) and v == study.variants(base, scenarios=["a", "b+c"], seeds=[1, 2],
-                                                            baselines=["ncm"], routings=["per-sample"],
+                                                            baselines=["ncm"], routings=["per-sample"], flows=(),
                                                             inits=[("reference", "reference"), ("uniform", "xavier")])
     assert {c.datasets for c in v} == {("a",), ("b", "c")}
     with pytest.raises(dataclasses.FrozenInstanceError):
         v[0].seed = 3
+    # the flow ablation (reference init) on the first scenario only, by default
+    v = study.variants(base, scenarios=["a", "b+c"], seeds=[1, 2], baselines=["ncm"], routings=["per-sample"])
+    flows = [(c.datasets, c.flow, c.head_init, c.luca_init) for c in v if c.method == "tosca" and c.flow != "tosca"]
+    assert sorted(flows) == sorted([(("a",), f, "reference", "reference") for f in study.ABLATION_FLOWS] * 2)
+    assert len(v) == 2 * (len(study.INITS) + 3 + 1) + 2 * (len(study.INITS) + 1)
 
 
 def test_t_interval_by_hand():

@@ -1,0 +1,456 @@
+"""The shipped TOSCA study (``results/tosca``) read back: tables with 95 % intervals, paired
+comparisons, figures, provenance, a stale-source check and prose computed from the numbers.
+
+``python -m lab.experiments.tosca.study`` writes ``runs.csv`` (one row per scenario, seed, method,
+flow, initialisation and routing), ``summary.csv`` and ``manifest.json``;
+``python -m lab.experiments.tosca.efficiency`` writes ``efficiency_*.csv`` and
+``efficiency_manifest.json``. Notebook 02 and the README's TOSCA section are rendered from these.
+
+Intervals: a mean over seeds carries the 95 % Student-t interval over seeds; a comparison of two
+methods is paired by seed (same class order): the per-seed difference, then its t-interval. A
+difference whose interval spans zero is reported as "no difference detected".
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from .study import t_interval
+
+RESULTS = Path(__file__).resolve().parents[3] / "results" / "tosca"
+REPO = Path(__file__).resolve().parents[3]
+REF = ("reference", "reference")  # (head_init, luca_init)
+OLD = ("uniform", "xavier")
+CONFIDENCE_ROUTERS = ("per-sample", "max-softmax", "energy", "entropy-ncm")
+SCENARIO_NAMES = {"fashion_mnist_mini": "fashion_mnist_mini B0 Inc2 (5 tasks)",
+                  "mnist_5k+fashion_mnist_mini": "mnist_5k → fashion_mnist_mini B0 Inc2 (10 tasks)"}
+
+
+@dataclass
+class Shipped:
+    folder: Path
+    runs: pd.DataFrame
+    manifest: dict
+    efficiency_params: pd.DataFrame | None = None
+    efficiency_time: pd.DataFrame | None = None
+    efficiency_manifest: dict | None = None
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted(self.runs.seed.unique().tolist())
+
+    @property
+    def scenarios(self) -> list[str]:
+        return list(dict.fromkeys(self.runs.scenario))
+
+
+def load(folder=None) -> Shipped:
+    """The shipped study in ``folder`` (default ``results/tosca``); a clear error when it is missing."""
+    folder = Path(folder or RESULTS)
+    if not (folder / "manifest.json").is_file():
+        raise FileNotFoundError(f"no shipped TOSCA study in {folder}: run "
+                                f"`python -m lab.experiments.tosca.study --out {folder}`")
+    runs = pd.read_csv(folder / "runs.csv", keep_default_na=False, na_values=[""])
+    for k in ("flow", "head_init", "luca_init"):
+        runs[k] = runs[k].fillna("")
+    out = Shipped(folder, runs, json.loads((folder / "manifest.json").read_text()))
+    if (folder / "efficiency_manifest.json").is_file():
+        out.efficiency_params = pd.read_csv(folder / "efficiency_params.csv")
+        out.efficiency_time = pd.read_csv(folder / "efficiency_time.csv")
+        out.efficiency_manifest = json.loads((folder / "efficiency_manifest.json").read_text())
+    return out
+
+
+# --- provenance --------------------------------------------------------------------------------------
+def stale_sources(manifest: dict, root=REPO) -> list[str]:
+    """Sources listed in ``manifest['sources_sha256']`` that changed (or vanished) since the run."""
+    out = []
+    for rel, digest in manifest["sources_sha256"].items():
+        f = Path(root) / rel
+        if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != digest:
+            out.append(rel)
+    return out
+
+
+def provenance(manifest: dict, what: str = "study") -> str:
+    m = manifest["machine"]
+    return (f"{what}: `{manifest['command']}` on {manifest['date']}, {m['platform']} ({m.get('cpus', '?')} CPUs, "
+            f"torch {m['torch']}, {m['torch_threads']} thread(s)), wall time {manifest['wall_seconds'] / 60:.1f} min")
+
+
+def stale_warning(manifest: dict, what: str = "study") -> str:
+    """A loud line when the sources changed since the shipped run (empty otherwise)."""
+    changed = stale_sources(manifest)
+    if not changed:
+        return ""
+    return (f"WARNING: the {what}'s sources changed since it was run ({', '.join(changed)}); the shipped "
+            f"numbers may not be what this code gives — rerun `{manifest['command']}`")
+
+
+def provenance_lines(shipped: Shipped) -> str:
+    lines = [provenance(shipped.manifest), stale_warning(shipped.manifest) or
+             f"sources unchanged since the study (sha256 of {len(shipped.manifest['sources_sha256'])} files)"]
+    if shipped.efficiency_manifest:
+        lines += [provenance(shipped.efficiency_manifest, "efficiency"),
+                  stale_warning(shipped.efficiency_manifest, "efficiency measurement") or
+                  "efficiency sources unchanged"]
+    return "\n".join(lines)
+
+
+# --- numbers ------------------------------------------------------------------------------------------
+def fmt(mean: float, half: float, digits: int = 1) -> str:
+    if half != half:  # one seed
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {half:.{digits}f}"
+
+
+def fmt_diff(mean: float, half: float, digits: int = 1) -> str:
+    s = f"{mean:+.{digits}f} ± {half:.{digits}f}".replace("-", "−")
+    return s + (" (no difference detected)" if spans_zero(mean, half) else "")
+
+
+def spans_zero(mean: float, half: float) -> bool:
+    return not (half == half) or abs(mean) <= half
+
+
+def _select(runs, *, scenario, method="tosca", flow="tosca", init=REF, routing=None):
+    q = (runs.scenario == scenario) & (runs.method == method)
+    if method == "tosca":
+        q &= (runs.flow == flow) & (runs.head_init == init[0]) & (runs.luca_init == init[1])
+        if routing is not None:
+            q &= runs.routing == routing
+    return runs[q].set_index("seed")
+
+
+def stat(runs, metric: str, **sel) -> tuple[float, float]:
+    """Mean and 95 % t half-width over seeds of ``metric`` for one selection."""
+    return t_interval(_select(runs, **sel)[metric])
+
+
+def paired(runs, metric: str, a: dict, b: dict) -> tuple[float, float, int]:
+    """Mean, 95 % t half-width and number of seeds of ``a − b``, paired by seed."""
+    x, y = _select(runs, **a)[metric], _select(runs, **b)[metric]
+    d = (x - y).dropna()
+    mean, half = t_interval(d.tolist())
+    return mean, half, len(d)
+
+
+def routings(runs) -> list[str]:
+    return list(dict.fromkeys(runs[runs.method == "tosca"].routing))
+
+
+def baselines(runs) -> list[str]:
+    return [m for m in dict.fromkeys(runs.method) if m != "tosca"]
+
+
+def router_table(runs, scenario: str) -> pd.DataFrame:
+    """TOSCA (reference init) under every router and each baseline: Ā, A_B, routing accuracy, and
+    TOSCA's A_B minus SimpleCIL's and RanPAC's, paired by seed."""
+    rows = []
+    for r in routings(runs):
+        sel = dict(scenario=scenario, routing=r)
+        row = {"method": f"TOSCA ({r})", "Ā": fmt(*stat(runs, "avg_inc_acc", **sel)),
+               "A_B": fmt(*stat(runs, "last_acc", **sel)),
+               "routing acc. (%)": fmt(*stat(runs, "routing_accuracy_last", **sel))}
+        for b in ("simplecil", "ranpac"):
+            if b in baselines(runs):
+                m, h, _ = paired(runs, "last_acc", sel, dict(scenario=scenario, method=b))
+                row[f"A_B − {b}"] = fmt_diff(m, h)
+        rows.append(row)
+    for b in baselines(runs):
+        sel = dict(scenario=scenario, method=b)
+        rows.append({"method": b, "Ā": fmt(*stat(runs, "avg_inc_acc", **sel)),
+                     "A_B": fmt(*stat(runs, "last_acc", **sel)), "routing acc. (%)": ""})
+    return pd.DataFrame(rows).fillna("")
+
+
+def beats(runs, scenario: str, baseline: str) -> pd.DataFrame:
+    """Per router: TOSCA's A_B − the baseline's (paired), and whether the interval excludes zero."""
+    rows = []
+    for r in routings(runs):
+        if r == "oracle":
+            continue
+        m, h, n = paired(runs, "last_acc", dict(scenario=scenario, routing=r), dict(scenario=scenario, method=baseline))
+        rows.append({"routing": r, "diff": m, "ci95": h, "seeds": n,
+                     "verdict": "no difference detected" if spans_zero(m, h) else ("TOSCA higher" if m > 0 else
+                                                                                "TOSCA lower")})
+    return pd.DataFrame(rows)
+
+
+def init_table(runs) -> pd.DataFrame:
+    """Reference initialisation (zero head rows after task 0, task 0's LuCA from nn.Linear's
+    default) vs this library's former one (uniform rows, Xavier LuCA), paired by seed."""
+    rows = []
+    for scn in dict.fromkeys(runs.scenario):
+        for r in ("per-sample", "oracle", "mahalanobis"):
+            if r not in routings(runs):
+                continue
+            ref, old = dict(scenario=scn, routing=r, init=REF), dict(scenario=scn, routing=r, init=OLD)
+            if _select(runs, **old).empty:
+                continue
+            row = {"scenario": scn, "routing": r, "A_B reference": fmt(*stat(runs, "last_acc", **ref)),
+                   "A_B former (uniform/xavier)": fmt(*stat(runs, "last_acc", **old))}
+            row["A_B reference − former"] = fmt_diff(*paired(runs, "last_acc", ref, old)[:2])
+            row["Ā reference − former"] = fmt_diff(*paired(runs, "avg_inc_acc", ref, old)[:2])
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+FLOW_TEXT = {"tosca": "h = LN(x + a(x)); h·s(h)", "adapter": "LN(a(x))", "calibrator": "x·s(x)",
+             "tosca_r": "x·s(x) + LN(a(x))"}
+
+
+def flow_long(runs, scenario: str) -> pd.DataFrame:
+    """Per flow and routing (oracle, per-sample): mean and half-width of A_B and Ā (for the figure)."""
+    rows = []
+    for f in FLOW_TEXT:
+        for r in ("oracle", "per-sample"):
+            sel = dict(scenario=scenario, flow=f, routing=r)
+            if _select(runs, **sel).empty:
+                continue
+            for metric, name in (("last_acc", "A_B"), ("avg_inc_acc", "Ā")):
+                m, h = stat(runs, metric, **sel)
+                rows.append({"flow": f, "routing": r, "metric": name, "accuracy": m, "ci95": h})
+    return pd.DataFrame(rows)
+
+
+def flow_table(runs, scenario: str) -> pd.DataFrame:
+    """The LuCA flow ablation (reference init): A_B under the oracle and per-sample routing, and
+    each flow's difference from 'tosca' (paired by seed); trainable parameters in all."""
+    rows = []
+    for f in FLOW_TEXT:
+        o, p = dict(scenario=scenario, flow=f, routing="oracle"), dict(scenario=scenario, flow=f, routing="per-sample")
+        if _select(runs, **o).empty:
+            continue
+        row = {"flow": f, "output": FLOW_TEXT[f], "A_B oracle": fmt(*stat(runs, "last_acc", **o)),
+               "A_B per-sample": fmt(*stat(runs, "last_acc", **p)),
+               "Ā per-sample": fmt(*stat(runs, "avg_inc_acc", **p))}
+        if f != "tosca":
+            base_o, base_p = dict(o, flow="tosca"), dict(p, flow="tosca")
+            row["oracle A_B − tosca"] = fmt_diff(*paired(runs, "last_acc", o, base_o)[:2])
+            row["per-sample A_B − tosca"] = fmt_diff(*paired(runs, "last_acc", p, base_p)[:2])
+        row["trainable params (all tasks, head incl.)"] = f"{int(_select(runs, **o).trainable_params.iloc[0]):,}"
+        rows.append(row)
+    return pd.DataFrame(rows).fillna("")
+
+
+def flow_figure(runs, scenario: str):
+    import plotly.express as px
+
+    df = flow_long(runs, scenario)
+    df = df[df.metric == "A_B"].assign(half=lambda d: d.ci95.fillna(0))
+    spread = df.groupby("routing").accuracy.agg(lambda a: a.max() - a.min())
+    best = df[df.routing == "oracle"].sort_values("accuracy").iloc[-1]
+    fig = px.bar(df, x="flow", y="accuracy", color="routing", barmode="group", error_y="half",
+                 text_auto=".1f", range_y=(0, 100),
+                 title=f"LuCA flow ablation, {scenario}: highest oracle A_B with flow {best.flow} "
+                       f"({best.accuracy:.1f}); spread across flows: oracle {spread.get('oracle', float('nan')):.1f}, "
+                       f"per-sample {spread.get('per-sample', float('nan')):.1f} points (± 95 %, {_nseeds(runs)} seeds)")
+    fig.update_layout(height=420, yaxis_title="A_B (%)")
+    return fig
+
+
+def router_figure(runs, scenario: str):
+    """A_B per router (TOSCA, reference init) beside the baselines, with 95 % intervals."""
+    import plotly.express as px
+
+    rows = []
+    for r in routings(runs):
+        m, h = stat(runs, "last_acc", scenario=scenario, routing=r)
+        rows.append({"method": f"TOSCA ({r})", "kind": "TOSCA", "A_B": m, "half": h})
+    for b in baselines(runs):
+        m, h = stat(runs, "last_acc", scenario=scenario, method=b)
+        rows.append({"method": b, "kind": "baseline", "A_B": m, "half": h})
+    df = pd.DataFrame(rows).fillna({"half": 0})
+    best = df[(df.kind == "TOSCA") & (df.method != "TOSCA (oracle)")].sort_values("A_B").iloc[-1]
+    top = df[df.kind == "baseline"].sort_values("A_B").iloc[-1]
+    fig = px.bar(df, x="method", y="A_B", color="kind", error_y="half", text_auto=".1f", range_y=(0, 100),
+                 title=f"{scenario}: best router {best.method} {best.A_B:.1f}, best baseline {top.method} "
+                       f"{top.A_B:.1f} (A_B %, ± 95 % interval)")
+    fig.update_layout(height=420, yaxis_title="A_B (%)")
+    return fig
+
+
+def _nseeds(runs) -> int:
+    return runs.seed.nunique()
+
+
+# --- efficiency --------------------------------------------------------------------------------------
+def efficiency_params_table(params: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "backbone": r.backbone, "d": r.feature_dim, "LuCA r": r.luca_r,
+        "one LuCA (per task)": f"{r.luca_params_per_task:,}", "adapter blocks": r.adapter_blocks,
+        "layer-wise adapters": f"{r.layerwise_adapter_params:,}",
+        "adapters ÷ LuCA": f"{r.ratio_layerwise_to_luca:.2f}x",
+        f"{r.tasks} LuCAs": f"{r.luca_params_all_tasks:,}",
+        "backbone (frozen)": f"{r.backbone_params:,}"} for r in params.itertuples()]).fillna("")
+
+
+def efficiency_time_table(time: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for (bb, batch), g in time.groupby(["backbone", "batch"], sort=False):
+        g = g.set_index("setting")
+        base = g.loc["tosca_cached", "step_seconds"]
+        for s, r in g.iterrows():
+            rows.append({"backbone": bb, "weights": r.weights, "batch": batch, "setting": s,
+                         "s / step": fmt(r.step_seconds, r.step_seconds_ci95, 4),
+                         "ms / image": fmt(r.image_ms, r.image_ms_ci95, 2),
+                         "÷ tosca_cached": f"{r.step_seconds / base:.0f}x"})
+    return pd.DataFrame(rows)
+
+
+def efficiency_sentence(params: pd.DataFrame, time: pd.DataFrame | None) -> str:
+    p = params.set_index("backbone")
+    parts = []
+    for bb, r in p.iterrows():
+        ratio = r.ratio_layerwise_to_luca
+        parts.append(f"on {bb} the layer-wise adapters train {ratio:.2f}x the parameters of one LuCA "
+                     f"({int(r.layerwise_adapter_params):,} vs {int(r.luca_params_per_task):,})"
+                     + (" — the paper's ~8x" if 7 <= ratio <= 9 else
+                        (" — LuCA is the larger here" if ratio < 1 else "")))
+    s = "; ".join(parts) + "."
+    if time is not None:
+        for bb, g in time.groupby("backbone", sort=False):
+            g = g.set_index("setting")
+            lw, cached, aug = (g.loc[k] for k in ("layerwise_adapter", "tosca_cached", "tosca_augment"))
+            s += (f" {bb} ({g.weights.iloc[0]}), batch {int(lw.batch)}: a layer-wise step takes "
+                  f"{lw.step_seconds / aug.step_seconds:.1f}x TOSCA's step with the backbone forward (the "
+                  f"reference's augment setting) and {lw.step_seconds / cached.step_seconds:.0f}x TOSCA's "
+                  f"step on cached features.")
+    return s
+
+
+# --- the question of notebook 02, answered from the numbers ---------------------------------------
+def answer(runs, scenario: str) -> str:
+    """With which router, if any, does TOSCA beat SimpleCIL and RanPAC on ``scenario``?"""
+    out = []
+    for b in ("simplecil", "ranpac"):
+        t = beats(runs, scenario, b)
+        win = t[t.verdict == "TOSCA higher"].routing.tolist()
+        tie = t[t.verdict == "no difference detected"].routing.tolist()
+        if win:
+            out.append(f"TOSCA beats {b} with {', '.join(win)} routing")
+        elif tie:
+            out.append(f"TOSCA beats {b} with no router (no difference detected with {', '.join(tie)})")
+        else:
+            out.append(f"TOSCA is below {b} with every router")
+    o = stat(runs, "last_acc", scenario=scenario, routing="oracle")
+    out.append(f"with the true task's module (oracle) it reaches A_B {fmt(*o)}")
+    return f"{scenario}: " + "; ".join(out) + "."
+
+
+def why(runs, scenario: str) -> pd.DataFrame:
+    """Routing accuracy × within-task accuracy: per router, routing accuracy and A_B, beside the
+    oracle's A_B (what the modules know when the routing is right)."""
+    o = stat(runs, "last_acc", scenario=scenario, routing="oracle")[0]
+    rows = []
+    for r in routings(runs):
+        ra = stat(runs, "routing_accuracy_last", scenario=scenario, routing=r)
+        ab = stat(runs, "last_acc", scenario=scenario, routing=r)
+        rows.append({"routing": r, "routing acc. (%)": fmt(*ra), "A_B": fmt(*ab),
+                     "routing acc. × oracle A_B / 100": f"{ra[0] * o / 100:.1f}"})
+    return pd.DataFrame(rows)
+
+
+# --- the README section ---------------------------------------------------------------------------
+def _md(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def readme_section(shipped: Shipped) -> str:
+    """The README's "What the offline TOSCA default measures" section, from the shipped tables."""
+    runs, man = shipped.runs, shipped.manifest
+    cfg = man["base_config"]
+    first = shipped.scenarios[0]
+    parts = [
+        "## What the offline TOSCA default measures",
+        "",
+        f"`{man['command']}` ({cfg['backbone']} cached features, B0 Inc{cfg['inc']}, {cfg['epochs']} epochs, "
+        f"seeds {', '.join(map(str, shipped.seeds))}; {man['wall_seconds'] / 60:.0f} min on "
+        f"{man['machine'].get('cpus', '?')} shared CPU cores). Mean ± 95 % t-interval over seeds; "
+        f"differences paired by seed. Tables in `results/tosca/`, notebook 02 renders them.",
+    ]
+    for scn in shipped.scenarios:
+        parts += ["", f"**{SCENARIO_NAMES.get(scn, scn)}** — TOSCA (reference initialisation) under each router, "
+                      "and the baselines:", "", _md(router_table(runs, scn)), "", answer(runs, scn)]
+    parts += ["", "**Reference initialisation vs this library's former one** (zero head rows after task 0 and "
+                  "task 0's LuCA from nn.Linear's default, vs uniform rows and Xavier for every task):", "",
+              _md(init_table(runs)),
+              "", f"**The LuCA flow ablation** on {first} (reference initialisation):", "",
+              _md(flow_table(runs, first))]
+    if shipped.efficiency_params is not None:
+        em = shipped.efficiency_manifest
+        parts += ["", f"**Efficiency** (`{em['command']}`; parameters exact from the architectures, "
+                      "time per training step, mean ± 95 % t-interval over steps):", "",
+                  _md(efficiency_params_table(shipped.efficiency_params)), "",
+                  _md(efficiency_time_table(shipped.efficiency_time)), "",
+                  efficiency_sentence(shipped.efficiency_params, shipped.efficiency_time)]
+    return "\n".join(parts) + "\n"
+
+
+def readme_block(text: str) -> str:
+    """The section as it stands in a README text (from its heading to the next '## ')."""
+    start = text.index("## What the offline TOSCA default measures")
+    end = text.index("\n## ", start + 3)
+    return text[start:end + 1]
+
+
+def update_readme(path=REPO / "README.md", shipped: Shipped | None = None) -> None:
+    """Write the section into the README (replacing it, or before the AWARe section)."""
+    from lab import _io
+
+    path = Path(path)
+    text = path.read_text()
+    section = readme_section(shipped or load())
+    if "## What the offline TOSCA default measures" in text:
+        text = text.replace(readme_block(text), section + "\n" if not section.endswith("\n\n") else section)
+    else:
+        anchor = "## What the offline AWARe default measures"
+        text = text.replace(anchor, section + "\n" + anchor)
+    _io.atomic_write(path, lambda p: p.write_text(text))
+
+
+if __name__ == "__main__":
+    update_readme()
+    print("README section updated from", RESULTS)
+
+
+# --- a live run against the shipped intervals ---------------------------------------------------------
+def live_check(shipped: Shipped, live_summary: pd.DataFrame, cfg) -> str:
+    """Compare a live run (``live_summary``: rows of method, routing, last_acc; ``cfg``: its
+    RunConfig) with the shipped study: the same seed's shipped A_B and the interval over seeds.
+    A live value outside the shipped interval is flagged loudly."""
+    scn, base = "+".join(cfg.datasets), shipped.manifest["base_config"]
+    same = {k: (getattr(cfg, k), base[k]) for k in ("epochs", "init", "inc", "backbone", "lr", "l1")
+            if getattr(cfg, k) != base[k]}
+    from lab.backbones import check_resolution
+
+    px = check_resolution(cfg.backbone, cfg.resolution), check_resolution(base["backbone"], base.get("resolution"))
+    if px[0] != px[1]:
+        same["resolution"] = px
+    if scn not in shipped.scenarios or same:
+        why = f"scenario {scn} is not in it" if scn not in shipped.scenarios else \
+            ", ".join(f"{k} {a} (study: {b})" for k, (a, b) in same.items())
+        return f"live run not comparable with the shipped study: {why}"
+    lines = []
+    for method, routing in (("tosca", "per-sample"), ("tosca", "oracle"), ("simplecil", "single")):
+        row = live_summary[(live_summary.method == method) & (live_summary.routing == routing)]
+        if row.empty:
+            continue
+        live = float(row.last_acc.iloc[0])
+        sel = dict(scenario=scn, method=method, routing=routing) if method == "tosca" else dict(scenario=scn, method=method)
+        rows = _select(shipped.runs, **sel)
+        m, h = t_interval(rows.last_acc)
+        seed_val = float(rows.last_acc.loc[cfg.seed]) if cfg.seed in rows.index else float("nan")
+        inside = h == h and abs(live - m) <= h
+        flag = "inside the shipped interval" if inside else "!!! OUTSIDE the shipped interval — check the setup !!!"
+        lines.append(f"{method} ({routing}): live A_B {live:.2f}; shipped {fmt(m, h, 2)} over {len(rows)} seeds "
+                     f"(seed {cfg.seed}: {seed_val:.2f}) — {flag}")
+    return "\n".join(lines)

@@ -1,0 +1,154 @@
+"""The shipped-study reader (paired intervals, verdicts, stale sources, the README section) on a
+hand-made study, and the efficiency comparison's exact parameter counts and step timing."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from lab.experiments.tosca import efficiency as E
+from lab.experiments.tosca import results as R
+from lab.experiments.tosca.study import summarise
+
+
+def _rows():
+    """Three seeds; TOSCA per-sample is SimpleCIL + (1, 2, 3) and RanPAC + (−1, 0, 1) by seed."""
+    rows = []
+    for seed, (sc, rp) in zip((1, 2, 3), ((80.0, 85.0), (70.0, 74.0), (75.0, 79.0))):
+        base = dict(scenario="a", seed=seed, trainable_params=100, train_s=1.0, seconds=1.0)
+        for i, init in enumerate((R.REF, R.OLD)):
+            for routing, acc in (("per-sample", sc + seed), ("oracle", 95.0 + seed)):
+                rows.append({**base, "method": "tosca", "flow": "tosca", "head_init": init[0], "luca_init": init[1],
+                             "routing": routing, "avg_inc_acc": acc + 1, "last_acc": acc - i * seed,
+                             "routing_accuracy_last": 80.0, "routing_accuracy_mean": 85.0})
+        for flow, delta in (("adapter", -5.0), ("calibrator", -10.0), ("tosca_r", 0.5 * seed - 1)):
+            for routing in ("per-sample", "oracle"):
+                acc = (sc + seed if routing == "per-sample" else 95.0 + seed) + delta
+                rows.append({**base, "method": "tosca", "flow": flow, "head_init": "reference",
+                             "luca_init": "reference", "routing": routing, "avg_inc_acc": acc, "last_acc": acc,
+                             "routing_accuracy_last": 80.0, "routing_accuracy_mean": 85.0})
+        for m, acc in (("simplecil", sc), ("ranpac", rp + seed - 2)):
+            rows.append({**base, "method": m, "flow": "", "head_init": "", "luca_init": "", "routing": "single",
+                         "avg_inc_acc": acc, "last_acc": acc, "routing_accuracy_last": float("nan"),
+                         "routing_accuracy_mean": float("nan")})
+    return rows
+
+
+@pytest.fixture
+def study(tmp_path):
+    rows = _rows()
+    pd.DataFrame(rows).to_csv(tmp_path / "runs.csv", index=False)
+    summarise(rows).to_csv(tmp_path / "summary.csv", index=False)
+    src = tmp_path / "src.py"
+    src.write_text("x = 1\n")
+    import hashlib
+
+    man = {"command": "python -m lab.experiments.tosca.study --seeds 1 2 3", "date": "2026-01-01T00:00:00+00:00",
+           "machine": {"platform": "test", "cpus": 2, "torch": "x", "torch_threads": 1}, "wall_seconds": 60.0,
+           "base_config": {"backbone": "efficientnet_lite0", "inc": 2, "epochs": 20, "init": 0, "lr": 0.025,
+                           "l1": 5e-4, "resolution": None},
+           "sources_sha256": {str(src): hashlib.sha256(src.read_bytes()).hexdigest()}}
+    (tmp_path / "manifest.json").write_text(json.dumps(man))
+    return tmp_path
+
+
+def test_paired_difference_and_its_interval_by_hand(study):
+    s = R.load(study)
+    mean, half, n = R.paired(s.runs, "last_acc", dict(scenario="a", routing="per-sample"),
+                             dict(scenario="a", method="simplecil"))
+    assert (mean, n) == (2.0, 3) and half == pytest.approx(4.302652729911275 * 1.0 / 3 ** 0.5)
+    # TOSCA − RanPAC per seed: (81 − 84, 72 − 74, 78 − 80) = (−3, −2, −2)
+    mean, half, _ = R.paired(s.runs, "last_acc", dict(scenario="a", routing="per-sample"),
+                             dict(scenario="a", method="ranpac"))
+    assert mean == pytest.approx(-7 / 3)
+
+
+def test_verdicts_say_no_difference_when_the_interval_spans_zero(study):
+    s = R.load(study)
+    assert R.fmt_diff(0.5, 1.0).endswith("(no difference detected)")
+    assert "no difference" not in R.fmt_diff(2.0, 1.0) and R.fmt_diff(-2.0, 1.0).startswith("−2.0")
+    t = R.beats(s.runs, "a", "simplecil").set_index("routing")
+    assert t.loc["per-sample", "verdict"] == "no difference detected"  # 2 ± 2.48
+    t = R.beats(s.runs, "a", "ranpac").set_index("routing")
+    assert t.loc["per-sample", "verdict"] == "TOSCA lower"  # −2.33 ± 1.43
+    text = R.answer(s.runs, "a")
+    assert "beats simplecil with no router (no difference detected with per-sample)" in text
+    assert "below ranpac with every router" in text
+
+
+def test_tables_init_flow_and_readme_section(study):
+    s = R.load(study)
+    init = R.init_table(s.runs).set_index("routing")
+    assert init.loc["per-sample", "A_B reference − former"].startswith("+2.0 ± ")  # the old init loses `seed`
+    flows = R.flow_table(s.runs, "a").set_index("flow")
+    assert flows.loc["adapter", "oracle A_B − tosca"] == "−5.0 ± 0.0"
+    assert flows.loc["tosca_r", "oracle A_B − tosca"].endswith("(no difference detected)")
+    title = R.flow_figure(s.runs, "a").layout.title.text
+    assert "(97.0)" in title and "oracle 10.0" in title  # computed, not written ahead
+    section = R.readme_section(s)
+    assert section.startswith("## What the offline TOSCA default measures") and "| TOSCA (per-sample) |" in section
+    readme = f"# x\n\n{section}\n## What the offline AWARe default measures\n"
+    assert R.readme_block(readme) == section + "\n"
+
+
+def test_stale_sources_are_named(study):
+    s = R.load(study)
+    assert R.stale_sources(s.manifest, root="/") == [] and R.stale_warning(s.manifest) == ""
+    (src,) = s.manifest["sources_sha256"]
+    with open(src, "a") as f:
+        f.write("y = 2\n")
+    assert R.stale_sources(s.manifest, root="/") == [src]
+    assert "WARNING" in R.stale_warning(s.manifest) and src in R.stale_warning(s.manifest)
+
+
+def test_missing_study_says_how_to_make_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="python -m lab.experiments.tosca.study"):
+        R.load(tmp_path)
+
+
+def test_live_check_compares_only_at_the_studys_settings(study):
+    from lab.experiments.tosca.run import RunConfig
+
+    s = R.load(study)
+    live = pd.DataFrame([{"method": "tosca", "routing": "per-sample", "last_acc": 76.0},
+                         {"method": "simplecil", "routing": "single", "last_acc": 10.0}])
+    out = R.live_check(s, live, RunConfig(datasets=("a",), seed=1))
+    assert "tosca (per-sample): live A_B 76.00" in out and "inside" in out.splitlines()[0]
+    assert "OUTSIDE" in out.splitlines()[1]
+    assert "not comparable" in R.live_check(s, live, RunConfig(datasets=("a",), seed=1, epochs=2))
+    assert "not in it" in R.live_check(s, live, RunConfig(datasets=("b",), seed=1))
+
+
+# --- efficiency ----------------------------------------------------------------------------------------
+def test_vit_b_parameter_counts_from_the_architecture():
+    row = E.parameter_row(E.VIT_B)
+    d, r = 768, 48
+    assert (row["feature_dim"], row["luca_r"]) == (d, r)
+    assert row["luca_params_per_task"] == 4 * d * r + r + 3 * d == 149_808
+    assert row["adapter_blocks"] == 12
+    assert row["layerwise_adapter_params"] == 12 * (2 * d * 64 + 64 + d) == 1_189_632
+    assert row["ratio_layerwise_to_luca"] == pytest.approx(7.94, abs=0.01)  # the paper's "~8x"
+    assert row["backbone_params"] == 85_798_656
+
+
+def test_lite0_adapters_follow_its_stages():
+    row = E.parameter_row(E.LITE0)
+    stages = (16, 24, 40, 80, 112, 192, 320)  # tf_efficientnet_lite0's stage widths
+    want = sum(2 * c * min(64, c) + min(64, c) + c for c in stages)
+    assert row["adapter_blocks"] == 7 and row["layerwise_adapter_params"] == want
+    assert row["luca_params_per_task"] == 4 * 1280 * 80 + 80 + 3 * 1280
+
+
+def test_step_timing_runs_every_setting_and_trains_only_the_adapters():
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=32,
+                              depth=2).eval().requires_grad_(False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rows = E.time_settings(model, E._prelogits, torch.rand(4, 3, 32, 32), n_classes=3, steps=2)
+    assert [r["setting"] for r in rows] == list(E.SETTINGS)
+    assert all(r["step_seconds"] > 0 and r["step_seconds_ci95"] >= 0 and r["batch"] == 4 for r in rows)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the original is untouched
