@@ -243,6 +243,7 @@ ROWS: list[Row] = [
     R("jupyter", "--token", ["--token", "a b"], "--token 'a b': must be non-empty"),
     R("jupyter", "--root-dir", ["--root-dir", "{file}"], "--root-dir {file}: is a file, not a folder"),
     R("jupyter", "--kernel", ["--kernel", "no kernel"], "--kernel 'no kernel': must be a kernel name"),
+    R("jupyter", "--ui", ["--ui", "classic"], "argument --ui: invalid choice: 'classic'"),
     R("jupyter", "--dry-run", ["--dry-run=1"], "ignored explicit argument"),
     R("jupyter", "extra", ["--dry-run", "--", "--ip=0.0.0.0"], "--ip=0.0.0.0: the address, port and token are set"),
 ]

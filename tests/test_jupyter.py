@@ -40,11 +40,28 @@ def test_extra_arguments_pass_through(tmp_path):
     assert "--port=8999" in argv and argv[-1] == "--ServerApp.log_level=WARN"
 
 
+def test_ui_notebook_starts_notebook7_on_the_same_terms(tmp_path):
+    lab_argv, _, lab_url = jupyter.build_command(parse("--root-dir", str(tmp_path), "--port", "8999"))
+    argv, env, url = jupyter.build_command(parse("--root-dir", str(tmp_path), "--port", "8999", "--ui", "notebook"))
+    assert argv[1:3] == ["-m", "notebook"] and lab_argv[1:3] == ["-m", "jupyterlab"]
+    assert argv[3:] == lab_argv[3:]  # same address, port, root folder, kernel
+    assert url == f"http://127.0.0.1:8999/tree?token={env['JUPYTER_TOKEN']}" and "/lab?token=" in lab_url
+
+
+def test_ui_without_its_package_says_what_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "notebook" else real(n, *a))
+    with pytest.raises(SystemExit, match=r"--ui notebook needs the 'notebook' package; install it with"):
+        jupyter.build_command(parse("--root-dir", str(tmp_path), "--ui", "notebook"))
+
+
 def test_help_says_how(capsys):
     with pytest.raises(SystemExit):
         parse("--help")
     out = capsys.readouterr().out
-    assert "127.0.0.1" in out and "token" in out and "--allow-root" in out
+    assert "127.0.0.1" in out and "token" in out and "--allow-root" in out and "Notebook 7" in out
 
 
 def _get(url: str) -> tuple[int, bytes]:
