@@ -1,0 +1,104 @@
+"""Ray vs the local executor on the TOSCA study's sweep, measured in one run (README, "Beyond one machine").
+
+The sweep: 3 seeds x the 4 (head, LuCA) initialisations, TOSCA evaluated under every router, on the
+offline scenario's cached features (fashion_mnist_mini, efficientnet_lite0; the first run extracts
+them). Each variant trains with one thread (ToscaConfig.threads = 1), so the local executor keeps one
+core busy and Ray with 2 workers can use two. Prints
+
+1. the wall time of the sweep under the local executor and under Ray with ``--workers`` workers, and
+   their ratio, with and without Ray's start-up (``ray.init`` of a local instance);
+2. Ray's overhead per task: the wall time per task of ``--noop`` empty tasks through the same executor
+   (scheduling + serialisation + the result's round trip), and, in the sweep, the worker time not
+   spent inside the variants, per task;
+3. that both executors gave the same tables (keys equal; the largest difference of a number);
+4. the machine's load (``/proc/loadavg``) before and after: other processes share the cores.
+
+    python benchmarks/bench_ray.py                    # ~5 min on 2 idle cores
+    python benchmarks/bench_ray.py --epochs 2 --seeds 1993 1994   # a quick look
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+
+def _load() -> str:
+    try:
+        return " ".join(open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def _noop(config):
+    return {"i": config}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[1993, 1994, 1995])
+    p.add_argument("--epochs", type=int, default=5, help="epochs per task (default 5; the study's default is 20)")
+    p.add_argument("--workers", type=int, default=2, help="Ray workers (CPUs of the local Ray instance; default 2)")
+    p.add_argument("--noop", type=int, default=200, help="empty tasks for the per-task overhead (default 200)")
+    args = p.parse_args(argv)
+
+    import pandas as pd
+    import ray
+    import torch
+
+    from lab import executors
+    from lab.experiments.tosca import study
+    from lab.experiments.tosca.run import RunConfig
+    from lab.tosca.routing import list_routings
+
+    configs = [c for c in study.variants(RunConfig(epochs=args.epochs), scenarios=["fashion_mnist_mini"],
+                                         seeds=args.seeds, baselines=(), routings=list_routings())
+               if c.flow == "tosca"]                               # the initialisations; no flow ablation
+    print(f"sweep: {len(configs)} TOSCA runs ({len(args.seeds)} seeds x {len(study.INITS)} inits), "
+          f"{len(list_routings())} routers each, {args.epochs} epochs per task; {os.cpu_count()} cores")
+    load_before = _load()
+    for cfg in {(c.datasets, c.seed): c for c in configs}.values():      # features on disk before timing
+        study._data(cfg, {})
+    with tempfile.TemporaryDirectory() as root:
+        t0 = time.perf_counter()
+        local = study.run_all(configs, root, executor="local", log=lambda s: None)
+        t_local = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        t_init = time.perf_counter() - t0
+        try:
+            t0 = time.perf_counter()
+            remote = study.run_all(configs, root, executor="ray", log=lambda s: None)
+            t_ray = time.perf_counter() - t0
+            jobs = [executors.Job(f"noop{i}", _noop, i) for i in range(args.noop)]
+            t0 = time.perf_counter()
+            executors.run(jobs, executor="ray")
+            t_noop = time.perf_counter() - t0
+        finally:
+            ray.shutdown()
+    load_after = _load()
+
+    a, b = pd.DataFrame(local), pd.DataFrame(remote)
+    timing = [c for c in ("seconds", "train_s") if c in a]              # wall clock: differs by nature
+    same_keys = a.drop(columns=timing).select_dtypes(exclude="number").equals(b.drop(columns=timing).select_dtypes(exclude="number"))
+    nums = [c for c in a.drop(columns=timing).select_dtypes("number").columns]
+    worst = float((a[nums] - b[nums]).abs().max().max())
+    busy = sum({(r["seed"], r["head_init"], r["luca_init"]): r["seconds"] for r in remote}.values())
+    idle = (args.workers * t_ray - busy) / len(configs)
+    print(f"local executor           {t_local:7.1f} s")
+    print(f"ray, {args.workers} workers            {t_ray:7.1f} s   (+ {t_init:.1f} s ray.init)")
+    print(f"ratio local / ray        {t_local / t_ray:7.2f}x  (target >= 1.7x); with ray.init: "
+          f"{t_local / (t_ray + t_init):.2f}x")
+    print(f"ray overhead per task    {1000 * t_noop / args.noop:7.1f} ms  ({args.noop} empty tasks, "
+          f"{args.workers} workers); in the sweep: {idle:.2f} s of worker time per task outside the variant "
+          f"(loading its features, scheduling, result)")
+    print(f"same tables              rows and keys {same_keys}; largest difference of a number {worst:.2g} "
+          f"(local runs with torch's {torch.get_num_threads()} threads outside training, a Ray worker with 1)")
+    print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}")
+    return 0 if same_keys and worst < 1e-6 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
