@@ -211,7 +211,9 @@ ROWS: list[Row] = [
     *[row for action in ("ablate", "tune") for row in (
         R(f"aware {action}", "--executor", ["--executor", "dask"], "argument --executor: invalid choice: 'dask'"),
         R(f"aware {action}", "--address", ["--address", "auto"], "--address auto: joins a Ray cluster: needs --executor ray"),
-        R(f"aware {action}", "--address", ["--executor", "ray", "--address", " "], "--address ' ': give auto, HOST:PORT"))],
+        R(f"aware {action}", "--address", ["--executor", "ray", "--address", " "], "--address ' ': give auto, HOST:PORT"),
+        R(f"aware {action}", "$WORLD_SIZE", [], "$WORLD_SIZE 2: one of several launched processes; only `lab aware "
+          "finetune` runs under accelerate launch", env={"WORLD_SIZE": "2"}))],
     R("aware study", "--out", ["--out", "{file}"], "--out {file}: is a file, not a folder"),
     R("aware study", "--preset", ["--preset", "huge"], "argument --preset: invalid choice"),
     R("aware study", "--seeds", ["--seeds", "-1"], "--seeds -1: must be an integer >= 0"),

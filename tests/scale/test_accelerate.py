@@ -131,3 +131,14 @@ def test_every_shipped_config_parses(name, kind):
     if kind == "DEEPSPEED":
         ds = cfg.deepspeed_config
         assert ds["zero_stage"] == 2 and ds["offload_optimizer_device"] == "none"
+
+
+@pytest.mark.parametrize("action", ["profile", "ablate", "tune"])
+def test_other_aware_actions_refuse_a_multi_process_launch(action, monkeypatch, capsys):
+    from lab.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")          # what accelerate launch / torchrun set in every process
+    assert main(["aware", action]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"lab aware {action}: error: $WORLD_SIZE 2: one of several launched processes; only "
+                   f"`lab aware finetune` runs under accelerate launch (sweeps: --executor ray)")

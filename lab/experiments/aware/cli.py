@@ -125,9 +125,15 @@ def _check_executor(args) -> None:
 
 def check_common(args) -> None:
     """The options every `lab aware` action shares (one line naming the first bad one)."""
+    import os
+
     from lab import _validate as V
     from lab.cli import check_cache_dir
 
+    action = getattr(args, "aware_command", None)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and action != "finetune":   # as distributed.launched()
+        raise V.BadInput(f"$WORLD_SIZE {os.environ['WORLD_SIZE']}: one of several launched processes; only "
+                         f"`lab aware finetune` runs under accelerate launch (sweeps: --executor ray)")
     check_cache_dir(args.cache_dir)
     V.device("--device", args.device)
     if args.steps is not None:
