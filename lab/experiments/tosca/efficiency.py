@@ -24,8 +24,7 @@ values) at a small batch, reported per image as well.
 from __future__ import annotations
 
 import argparse
-import math
-import platform
+import os
 import sys
 import time
 from datetime import datetime, timezone
@@ -161,7 +160,7 @@ def time_lite0(*, batch: int, steps: int, seed: int = 0) -> list[dict]:
     bb = backbones.load(LITE0)
     x = bb.preprocess(_images("fashion_mnist_mini", batch, seed)).float()
     rows = time_settings(bb.model, _prelogits, x, n_classes=10, steps=steps, seed=seed)
-    return [{"backbone": LITE0, "weights": "ImageNet (real)", "resolution": bb.resolution, **r} for r in rows]
+    return [{"backbone": LITE0, "weights": "ImageNet", "resolution": bb.resolution, **r} for r in rows]
 
 
 def _images(name: str, n: int, seed: int):
@@ -185,7 +184,7 @@ def time_vit_b(*, batch: int, steps: int, seed: int = 0) -> list[dict]:
     model = timm.create_model(arch, pretrained=False, **kw).eval().requires_grad_(False)
     x = torch.rand(batch, 3, 224, 224, generator=torch.Generator().manual_seed(seed))
     rows = time_settings(model, _prelogits, x, n_classes=10, steps=steps, seed=seed)
-    return [{"backbone": VIT_B, "weights": "random (shape only)", "resolution": 224, **r} for r in rows]
+    return [{"backbone": VIT_B, "weights": "random", "resolution": 224, **r} for r in rows]
 
 
 def main(argv=None) -> int:
@@ -205,6 +204,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sources = sources_sha256(unhashed=("results.py",))
+    load_before = list(os.getloadavg())  # a shared machine: other work slows every setting
     t0 = time.perf_counter()
     params = pd.DataFrame([parameter_row(b) for b in (VIT_B, LITE0)])
     rows = time_lite0(batch=args.lite0_batch, steps=args.steps)
@@ -215,7 +215,8 @@ def main(argv=None) -> int:
     _write_csv(out / "efficiency_time.csv", pd.DataFrame(rows))
     _io.write_json(out / "efficiency_manifest.json", {
         "command": "python -m lab.experiments.tosca.efficiency " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {**machine(), "loadavg_before": load_before, "loadavg_after": list(os.getloadavg())},
         "wall_seconds": round(wall, 1), "sources_sha256": sources,
         "files": ["efficiency_params.csv", "efficiency_time.csv"]})
     print(params.to_string(index=False))

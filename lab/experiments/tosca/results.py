@@ -109,7 +109,9 @@ def fmt(mean: float, half: float, digits: int = 1) -> str:
 
 
 def fmt_diff(mean: float, half: float, digits: int = 1) -> str:
-    s = f"{mean:+.{digits}f} ± {half:.{digits}f}".replace("-", "−")
+    m = f"{mean:+.{digits}f}"
+    m = "+" + m[1:] if float(m) == 0 else m  # no "−0.0"
+    s = f"{m} ± {half:.{digits}f}".replace("-", "−")
     return s + (" (no difference detected)" if spans_zero(mean, half) else "")
 
 
@@ -303,6 +305,22 @@ def efficiency_time_table(time: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def ratio_range(a: pd.Series, b: pd.Series) -> tuple[float, float, float]:
+    """a/b for two timed settings: the ratio of the means and the range the two 95 % intervals
+    allow (lower a / upper b .. upper a / lower b; conservative)."""
+    lo_b = b.step_seconds - b.step_seconds_ci95
+    lo = (a.step_seconds - a.step_seconds_ci95) / (b.step_seconds + b.step_seconds_ci95)
+    hi = (a.step_seconds + a.step_seconds_ci95) / lo_b if lo_b > 0 else float("inf")
+    return a.step_seconds / b.step_seconds, lo, hi
+
+
+def _ratio(r: tuple[float, float, float]) -> str:
+    d = 1 if r[0] < 20 else 0
+    if r[2] == float("inf"):  # the denominator's interval reaches zero
+        return f"{r[0]:.{d}f}x (at least {r[1]:.{d}f}x)"
+    return f"{r[0]:.{d}f}x ({r[1]:.{d}f}–{r[2]:.{d}f}x)"
+
+
 def efficiency_sentence(params: pd.DataFrame, time: pd.DataFrame | None) -> str:
     p = params.set_index("backbone")
     parts = []
@@ -310,17 +328,17 @@ def efficiency_sentence(params: pd.DataFrame, time: pd.DataFrame | None) -> str:
         ratio = r.ratio_layerwise_to_luca
         parts.append(f"on {bb} the layer-wise adapters train {ratio:.2f}x the parameters of one LuCA "
                      f"({int(r.layerwise_adapter_params):,} vs {int(r.luca_params_per_task):,})"
-                     + (" — the paper's ~8x" if 7 <= ratio <= 9 else
-                        (" — LuCA is the larger here" if ratio < 1 else "")))
-    s = "; ".join(parts) + "."
+                     + (" — the paper's ~8x holds" if 7 <= ratio <= 9 else
+                        (" — here one LuCA is the larger" if ratio < 1 else "")))
+    s = "Parameters: " + "; ".join(parts) + "."
     if time is not None:
         for bb, g in time.groupby("backbone", sort=False):
             g = g.set_index("setting")
             lw, cached, aug = (g.loc[k] for k in ("layerwise_adapter", "tosca_cached", "tosca_augment"))
-            s += (f" {bb} ({g.weights.iloc[0]}), batch {int(lw.batch)}: a layer-wise step takes "
-                  f"{lw.step_seconds / aug.step_seconds:.1f}x TOSCA's step with the backbone forward (the "
-                  f"reference's augment setting) and {lw.step_seconds / cached.step_seconds:.0f}x TOSCA's "
-                  f"step on cached features.")
+            s += (f" Time, {bb} ({g.weights.iloc[0]} weights, batch {int(lw.batch)}): a layer-wise step takes "
+                  f"{_ratio(ratio_range(lw, aug))} TOSCA's step with the backbone's forward pass (the reference's "
+                  f"augment setting) and {_ratio(ratio_range(lw, cached))} TOSCA's step on cached features "
+                  f"(ratio of means; in brackets the range the two 95 % intervals allow).")
     return s
 
 
@@ -333,7 +351,9 @@ def answer(runs, scenario: str) -> str:
         win = t[t.verdict == "TOSCA higher"].routing.tolist()
         tie = t[t.verdict == "no difference detected"].routing.tolist()
         if win:
-            out.append(f"TOSCA beats {b} with {', '.join(win)} routing")
+            out.append(f"TOSCA beats {b} with {', '.join(win)} routing"
+                       + (" (per-batch is the reference's protocol: it reads the class-ordered test stream, "
+                          "which a deployed model does not see)" if "per-batch" in win else ""))
         elif tie:
             out.append(f"TOSCA beats {b} with no router (no difference detected with {', '.join(tie)})")
         else:
@@ -387,8 +407,11 @@ def readme_section(shipped: Shipped) -> str:
               _md(flow_table(runs, first))]
     if shipped.efficiency_params is not None:
         em = shipped.efficiency_manifest
-        parts += ["", f"**Efficiency** (`{em['command']}`; parameters exact from the architectures, "
-                      "time per training step, mean ± 95 % t-interval over steps):", "",
+        load = em["machine"].get("loadavg_before")
+        busy = f"; load average {load[1]:.1f} on {em['machine'].get('cpus', '?')} cores while timing, so " \
+               "absolute times are slow and the ratios are what compare" if load else ""
+        parts += ["", f"**Efficiency** (`{em['command']}`; parameters exact from the architectures built on the "
+                      f"meta device, time per training step, mean ± 95 % t-interval over steps{busy}):", "",
                   _md(efficiency_params_table(shipped.efficiency_params)), "",
                   _md(efficiency_time_table(shipped.efficiency_time)), "",
                   efficiency_sentence(shipped.efficiency_params, shipped.efficiency_time)]

@@ -1,0 +1,83 @@
+"""The shipped TOSCA study (results/tosca) is whole and consistent: manifest <-> tables <-> README.
+
+Changing what the study measures means rerunning it (the commands are in the manifests) and then
+`python -m lab.experiments.tosca.results` to rewrite the README section."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lab.experiments.tosca import efficiency as E
+from lab.experiments.tosca import results as R
+from lab.experiments.tosca import study as S
+from lab.tosca.routing import list_routings
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return R.load(ROOT / "results" / "tosca")
+
+
+def test_manifest_names_command_sources_date_machine_and_wall_time(shipped):
+    m = shipped.manifest
+    assert m["command"].startswith("python -m lab.experiments.tosca.study")
+    assert m["date"] and m["wall_seconds"] > 0 and m["machine"]["platform"]
+    hashed = {p.relative_to(ROOT).as_posix() for p in [*(ROOT / "lab" / "tosca").glob("*.py"),
+                                                       *(ROOT / "lab" / "experiments" / "tosca").glob("*.py")]
+              if p.name not in S.UNHASHED}
+    assert set(m["sources_sha256"]) <= hashed and {"lab/tosca/learner.py", "lab/experiments/tosca/run.py"} <= \
+        set(m["sources_sha256"])
+    assert all(len(v) == 64 for v in m["sources_sha256"].values())
+    configs = shipped.runs.drop_duplicates(["scenario", "seed", "method", "flow", "head_init", "luca_init"])
+    assert len(configs) == m["runs"]
+
+
+def test_every_router_baseline_init_and_flow_over_at_least_three_seeds(shipped):
+    runs = shipped.runs
+    assert len(shipped.seeds) >= 3 and set(shipped.scenarios) == set(S.SCENARIOS)
+    for scn in shipped.scenarios:
+        ref = runs[(runs.scenario == scn) & (runs.method == "tosca") & (runs.flow == "tosca")]
+        for init in S.INITS:
+            got = ref[(ref.head_init == init[0]) & (ref.luca_init == init[1])]
+            assert set(got.routing) == set(list_routings()), (scn, init)
+            assert (got.groupby("routing").seed.nunique() == len(shipped.seeds)).all()
+        for b in S.BASELINES:
+            assert runs[(runs.scenario == scn) & (runs.method == b)].seed.nunique() == len(shipped.seeds), (scn, b)
+    flows = runs[(runs.scenario == shipped.scenarios[0]) & (runs.method == "tosca")].flow
+    assert set(flows) == {"tosca", *S.ABLATION_FLOWS}
+
+
+def test_summary_is_the_runs_summarised(shipped):
+    summary = pd.read_csv(shipped.folder / "summary.csv", keep_default_na=False, na_values=[""])
+    again = S.summarise(shipped.runs.to_dict("records"))
+    for k in S.KEYS:
+        summary[k], again[k] = summary[k].fillna("").astype(str), again[k].fillna("").astype(str)
+    pd.testing.assert_frame_equal(summary.reset_index(drop=True), again.reset_index(drop=True),
+                                  check_exact=False, atol=1e-3, check_dtype=False)
+
+
+def test_efficiency_parameters_are_the_architectures_and_every_setting_was_timed(shipped):
+    assert shipped.efficiency_manifest["command"].startswith("python -m lab.experiments.tosca.efficiency")
+    params = shipped.efficiency_params.set_index("backbone")
+    for bb in (E.VIT_B, E.LITE0):
+        row = E.parameter_row(bb)
+        for k, v in row.items():
+            if k != "backbone":
+                assert params.loc[bb, k] == pytest.approx(v, abs=1e-4), (bb, k)  # csv: 4 decimals
+    t = shipped.efficiency_time
+    assert set(t.backbone) == {E.LITE0, E.VIT_B}
+    assert (t.groupby("backbone").setting.apply(set) == {*E.SETTINGS}).all()
+    assert (t.step_seconds > 0).all()
+
+
+def test_readme_section_is_the_shipped_tables(shipped):
+    readme = (ROOT / "README.md").read_text()
+    want = R.readme_section(shipped)
+    got = R.readme_block(readme)
+    assert got.strip() == want.strip(), "README out of date: run `python -m lab.experiments.tosca.results`"
+    assert readme.index("## What the offline TOSCA default measures") < \
+        readme.index("## What the offline AWARe default measures")
