@@ -4,7 +4,9 @@ All Cells), then moves one control of each notebook's panel through the widget D
 what a student sees: the figure INSIDE the panel redraws (new title or data), nothing new appears
 anywhere else in the notebook, no figure sits outside the panel in the panel's cell, and the
 browser console stays free of errors. Also measures how long after the control change the panel's
-figure changes (printed; ``-s`` shows it).
+figure changes (printed; ``-s`` shows it). The same check runs once in Notebook 7 (``lab jupyter
+--ui notebook``) on the cheapest panel notebook: same server, kernels and widget manager, a
+different page around them.
 
 Skipped with the reason when /usr/bin/chromium or playwright is missing. Every wait has a limit;
 the server and every kernel it started are stopped by PID in the fixture's teardown.
@@ -12,6 +14,8 @@ the server and every kernel it started are stopped by PID in the fixture's teard
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -33,12 +37,14 @@ if not CHROMIUM.is_file():
     pytest.skip(f"{CHROMIUM} not found (Debian: apt-get install chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
 pytest.importorskip("jupyterlab", reason="jupyterlab is not installed")
+HAVE_NOTEBOOK7 = importlib.util.find_spec("notebook") is not None
 
 SERVER_START_S = 90
 RUN_ALL_S = 240           # one notebook's Run All Cells with smoke parameters
 REDRAW_S = 60             # a control change until the panel's figure changes
 PAGE_TIMEOUT_MS = 30_000
 PANEL_NOTEBOOKS = ("01_ventral_vs_prefrontal", "02_tosca_sparsity_orthogonality", "04_aware_ablations")
+NOTEBOOK7_NOTEBOOK = PANEL_NOTEBOOKS[2]  # the cheapest Run All Cells with a panel (measured, smoke parameters)
 
 # JupyterLab settings for the test: every cell stays in the DOM (no windowing) so the page can be
 # inspected whole; no update or news checks (nothing leaves the machine).
@@ -58,14 +64,14 @@ def _get(url: str, timeout: float = 5.0):
         return json.loads(r.read() or b"null")
 
 
-def _prepare(folder: Path) -> None:
+def _prepare(folder: Path, names=PANEL_NOTEBOOKS) -> None:
     """Papermill-parameterised (smoke profile), unexecuted copies of the panel notebooks."""
     import papermill
 
     from lab.jupyter import DEFAULT_KERNEL
     from lab.report import params
 
-    for name in PANEL_NOTEBOOKS:
+    for name in names:
         src = ROOT / "notebooks" / f"{name}.ipynb"
         papermill.execute_notebook(str(src), str(folder / src.name), parameters=params.resolve(src, "smoke"),
                                    prepare_only=True, kernel_name=DEFAULT_KERNEL, progress_bar=False,
@@ -106,18 +112,17 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def lab_server(tmp_path_factory):
-    """JupyterLab with ``lab jupyter``'s command line on a free loopback port and a fresh token,
-    rooted at a folder of smoke-parameterised notebooks; stopped (server and kernels, by PID)."""
+@contextlib.contextmanager
+def _serve(base: Path, ui: str, names=PANEL_NOTEBOOKS):
+    """``lab jupyter --ui <ui>``'s command line on a free loopback port and a fresh token, rooted
+    at a folder of smoke-parameterised notebooks; stopped (server and kernels, by PID)."""
     import psutil
 
     from lab import jupyter
 
-    base = tmp_path_factory.mktemp("lab-browser")
     nbdir, settings, home = base / "notebooks", base / "settings", base / "jupyter"
     nbdir.mkdir()
-    _prepare(nbdir)
+    _prepare(nbdir, names)
     for rel, value in SETTINGS.items():
         ext, _, file = rel.rpartition("/")
         (settings / ext).mkdir(parents=True, exist_ok=True)
@@ -125,9 +130,10 @@ def lab_server(tmp_path_factory):
     parser = argparse.ArgumentParser(prog="lab")
     jupyter.register(parser.add_subparsers())
     port = _free_port()
-    args = parser.parse_args(["jupyter", "--root-dir", str(nbdir), "--port", str(port), "--",
-                              f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={base / 'ws'}",
-                              "--LabApp.news_url=None", "--ServerApp.log_level=WARN"])
+    app = {"lab": "--LabApp", "notebook": "--JupyterNotebookApp"}[ui]
+    args = parser.parse_args(["jupyter", "--ui", ui, "--root-dir", str(nbdir), "--port", str(port), "--",
+                              f"{app}.user_settings_dir={settings}", f"{app}.workspaces_dir={base / 'ws'}",
+                              *(["--LabApp.news_url=None"] if ui == "lab" else []), "--ServerApp.log_level=WARN"])
     argv, env, url = jupyter.build_command(args)
     env = {**env, "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "JUPYTER_CONFIG_DIR": str(home / "config"),
            "PYTHONUNBUFFERED": "1"}
@@ -140,15 +146,16 @@ def lab_server(tmp_path_factory):
         deadline = time.monotonic() + SERVER_START_S
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"JupyterLab exited ({proc.returncode}): {(base / 'server.log').read_text()[-2000:]}")
+                pytest.fail(f"{ui} server exited ({proc.returncode}): {(base / 'server.log').read_text()[-2000:]}")
             try:
                 _get(f"{api}/status?token={token}", timeout=2)
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    pytest.fail(f"JupyterLab did not answer within {SERVER_START_S} s")
+                    pytest.fail(f"{ui} server did not answer within {SERVER_START_S} s")
                 time.sleep(0.3)
-        yield {"url": f"http://127.0.0.1:{port}", "token": token, "api": api, "dir": nbdir, "proc": proc}
+        yield {"url": f"http://127.0.0.1:{port}", "token": token, "api": api, "dir": nbdir, "proc": proc,
+               "ui": ui, "page": url.split("?", 1)[0]}
     finally:
         try:  # every kernel the server started, by PID (children of the server process)
             pids += [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
@@ -156,6 +163,12 @@ def lab_server(tmp_path_factory):
             pass
         _stop(pids[1:] + pids[:1])
         log.close()
+
+
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory):
+    with _serve(tmp_path_factory.mktemp("lab-browser"), "lab") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +219,9 @@ def _session(server, name: str, timeout: float) -> dict:
 
 
 def _run_all(page, server, name: str) -> dict:
-    page.goto(f"{server['url']}/lab/tree/{name}.ipynb?token={server['token']}&reset", wait_until="domcontentloaded")
+    where = {"lab": f"lab/tree/{name}.ipynb?token={server['token']}&reset",  # reset: no saved workspace
+             "notebook": f"notebooks/{name}.ipynb?token={server['token']}"}[server["ui"]]
+    page.goto(f"{server['url']}/{where}", wait_until="domcontentloaded")
     page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=PAGE_TIMEOUT_MS)
     t0 = time.perf_counter()
     session = _session(server, name, SERVER_START_S)  # the kernel is up before anything runs
@@ -219,7 +234,7 @@ def _run_all(page, server, name: str) -> dict:
         info = page.evaluate(_OUTSIDE)
         assert not info["errors"], f"{name}: a cell failed: {info['errors']}"
     page.wait_for_function(_ALL_DRAWN, timeout=PAGE_TIMEOUT_MS, polling=200)
-    print(f"\n{name}: kernel ready {t1 - t0:.1f} s, Run All Cells {time.perf_counter() - t1:.1f} s")
+    print(f"\n{name} ({server['ui']}): kernel ready {t1 - t0:.1f} s, Run All Cells {time.perf_counter() - t1:.1f} s")
     return session
 
 
@@ -268,8 +283,9 @@ def _type_readout(page, description: str, value: str):
     return act
 
 
-@pytest.fixture(scope="module")
-def lab_page(lab_server, browser):
+@contextlib.contextmanager
+def _page(browser):
+    """A fresh browser page and the list its console errors go to."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.set_default_timeout(PAGE_TIMEOUT_MS)
     page = context.new_page()
@@ -280,6 +296,12 @@ def lab_page(lab_server, browser):
         yield page, console
     finally:
         context.close()
+
+
+@pytest.fixture(scope="module")
+def lab_page(lab_server, browser):
+    with _page(browser) as pc:
+        yield pc
 
 
 @pytest.fixture
@@ -325,12 +347,35 @@ def test_tosca_panel_retrains_and_redraws_inside_the_panel(notebook, lab_page):
     assert not console, f"browser console errors: {console}"
 
 
-def test_ablation_panel_reselects_masks_inside_the_panel(notebook, lab_page):
-    page, console = lab_page
-    notebook(PANEL_NOTEBOOKS[2])
-    before, after = _change_and_wait(page, "04 AWARe panel: rho -> 0.5 (masks re-selected on stored saliency)",
+# Notebook 7.6 (with JupyterLab 4.6) throws this while its settings registry loads the page: the
+# shortcuts plugin's listener runs before its own settings are in the registry, a race in the
+# frontend (jupyter/notebook#7862, open), before any cell runs and independent of the notebook.
+# Exactly this page error is tolerated in Notebook 7's page, nothing else.
+NOTEBOOK7_KNOWN = ("page error: Cannot read properties of undefined (reading 'schema')",)
+
+
+def _ablation_panel_reselects(page, console, where: str) -> None:
+    before, after = _change_and_wait(page, f"{where}04 AWARe panel: rho -> 0.5 (masks re-selected on stored saliency)",
                                      _type_readout(page, "rho", "0.5"),
                                      lambda figs: "rho=0.5" in figs[-1]["title"])
     assert "rho=0.3" in before[-1]["title"] and before[0] == after[0]  # the results chart did not move
     assert not console, f"browser console errors: {console}"
+
+
+def test_ablation_panel_reselects_masks_inside_the_panel(notebook, lab_page):
+    page, console = lab_page
+    notebook(PANEL_NOTEBOOKS[2])
+    _ablation_panel_reselects(page, console, "")
+
+
+@pytest.mark.skipif(not HAVE_NOTEBOOK7, reason="the notebook package (Notebook 7) is not installed")
+def test_notebook7_panel_redraws_inside_the_panel(browser, tmp_path):
+    """``lab jupyter --ui notebook``: the same checks in Notebook 7's page on one panel notebook."""
+    t0 = time.perf_counter()
+    with _serve(tmp_path, "notebook", [NOTEBOOK7_NOTEBOOK]) as server, _page(browser) as (page, console):
+        _run_all(page, server, NOTEBOOK7_NOTEBOOK)
+        assert page.locator("#main-panel .jp-Notebook").count() == 1, "not Notebook 7's one-notebook page"
+        console[:] = [c for c in console if c not in NOTEBOOK7_KNOWN]
+        _ablation_panel_reselects(page, console, "Notebook 7: ")
+    print(f"\nNotebook 7 test: {time.perf_counter() - t0:.1f} s (server start to server stop)")
 
