@@ -1,8 +1,8 @@
 """Ray vs the local executor on the TOSCA study's sweep, measured in one run (README, "Beyond one machine").
 
-The sweep: 3 seeds x the 4 (head, LuCA) initialisations, TOSCA evaluated under every router, on the
-offline scenario's cached features (fashion_mnist_mini, efficientnet_lite0; the first run extracts
-them). Each variant trains with one thread (ToscaConfig.threads = 1), so the local executor keeps one
+The sweep: 3 seeds x the study's (head, LuCA) initialisations, TOSCA evaluated under every router,
+20 epochs per task as in the study, on the offline scenario's cached features (fashion_mnist_mini,
+efficientnet_lite0; the first run extracts them). Each variant trains with one thread (ToscaConfig.threads = 1), so the local executor keeps one
 core busy and Ray with 2 workers can use two. Prints
 
 1. the wall time of the sweep under the local executor and under Ray with ``--workers`` workers, and
@@ -13,7 +13,7 @@ core busy and Ray with 2 workers can use two. Prints
 3. that both executors gave the same tables (keys equal; the largest difference of a number);
 4. the machine's load (``/proc/loadavg``) before and after: other processes share the cores.
 
-    python benchmarks/bench_ray.py                    # ~5 min on 2 idle cores
+    python benchmarks/bench_ray.py                    # ~10 min on 2 shared cores
     python benchmarks/bench_ray.py --epochs 2 --seeds 1993 1994   # a quick look
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _noop(config):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1993, 1994, 1995])
-    p.add_argument("--epochs", type=int, default=5, help="epochs per task (default 5; the study's default is 20)")
+    p.add_argument("--epochs", type=int, default=20, help="epochs per task (default 20, the study's and the reference's)")
     p.add_argument("--workers", type=int, default=2, help="Ray workers (CPUs of the local Ray instance; default 2)")
     p.add_argument("--noop", type=int, default=200, help="empty tasks for the per-task overhead (default 200)")
     args = p.parse_args(argv)
