@@ -360,7 +360,19 @@ def answer(runs, scenario: str) -> str:
             out.append(f"TOSCA is below {b} with every router")
     o = stat(runs, "last_acc", scenario=scenario, routing="oracle")
     out.append(f"with the true task's module (oracle) it reaches A_B {fmt(*o)}")
+    same = same_as_entropy(runs, scenario)
+    if same:
+        out.append(f"{', '.join(same)} gave exactly the per-sample entropy numbers on every seed (its "
+                   f"fallback, gated by the winning module's entropy, changed no routing choice)")
     return f"{scenario}: " + "; ".join(out) + "."
+
+
+def same_as_entropy(runs, scenario: str) -> list[str]:
+    """Routers with an entropy gate whose every number equals per-sample entropy routing's, seed by seed."""
+    cols = ["avg_inc_acc", "last_acc", "routing_accuracy_last", "routing_accuracy_mean"]
+    ref = _select(runs, scenario=scenario, routing="per-sample")[cols]
+    return [r for r in routings(runs) if r.startswith("entropy-")
+            and _select(runs, scenario=scenario, routing=r)[cols].equals(ref)]
 
 
 def why(runs, scenario: str) -> pd.DataFrame:

@@ -152,3 +152,14 @@ def test_step_timing_runs_every_setting_and_trains_only_the_adapters():
     assert [r["setting"] for r in rows] == list(E.SETTINGS)
     assert all(r["step_seconds"] > 0 and r["step_seconds_ci95"] >= 0 and r["batch"] == 4 for r in rows)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the original is untouched
+
+
+def test_a_gated_router_equal_to_entropy_is_named(study):
+    s = R.load(study)
+    runs = s.runs
+    extra = runs[(runs.method == "tosca") & (runs.routing == "per-sample")].assign(routing="entropy-ncm")
+    runs = pd.concat([runs, extra], ignore_index=True)
+    assert R.same_as_entropy(runs, "a") == ["entropy-ncm"] and "changed no routing choice" in R.answer(runs, "a")
+    ref = runs.index[(runs.routing == "entropy-ncm") & (runs.head_init == "reference") & (runs.flow == "tosca")]
+    runs.loc[ref[-1], "last_acc"] += 1.0  # one seed differs
+    assert R.same_as_entropy(runs, "a") == []
