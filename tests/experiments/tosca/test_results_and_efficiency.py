@@ -81,7 +81,8 @@ def test_verdicts_say_no_difference_when_the_interval_spans_zero(study):
 def test_tables_init_flow_and_readme_section(study):
     s = R.load(study)
     init = R.init_table(s.runs).set_index("routing")
-    assert init.loc["per-sample", "A_B reference − former"].startswith("+2.0 ± ")  # the old init loses `seed`
+    assert init.loc["per-sample", "reference − both (former)"].startswith("+2.0 ± ")  # the old init loses `seed`
+    assert "reference − uniform head only" not in init  # not in this study
     flows = R.flow_table(s.runs, "a").set_index("flow")
     assert flows.loc["adapter", "oracle A_B − tosca"] == "−5.0 ± 0.0"
     assert flows.loc["tosca_r", "oracle A_B − tosca"].endswith("(no difference detected)")
