@@ -247,7 +247,8 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
     t0 = time.perf_counter()
     todo = [VariantRun(v, task, seed, keep_masks=seed == seeds[0], progress=progress) for seed in seeds for v in chosen]
     done = run_variants(ctx, todo, before=before, saliency=saliency, executor=executor, address=address,
-                        results_dir=run_dir / "variants")     # one job per variant x seed; a rerun skips finished ones
+                        results_dir=run_dir / "variants",
+                        log=print if progress else None)     # one job per variant x seed; a rerun skips finished ones
     for r, (row, masks) in zip(todo, done):
         v, seed = r.variant, r.seed
         rows.append(row)

@@ -113,7 +113,8 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n
                                           task, seed, progress=progress))   # the candidate lr travels in the variant
             for method, lrs in grids.items() for lr in lrs for seed in seeds]
     done = run_variants(val, [t[-1] for t in todo], before=before, saliency={key: sal} if sal is not None else {},
-                        executor=executor, address=address, results_dir=run_dir / "variants")
+                        executor=executor, address=address, results_dir=run_dir / "variants",
+                        log=print if progress else None)
     for (method, lr, seed, _), (row, _) in zip(todo, done):
         runs_.append({"method": method, "lr": lr, "seed": seed, **{k: row[k] for k in (
             "downstream", "up_easy_vqa", "R", "trainable_frac", "train_s")}})
