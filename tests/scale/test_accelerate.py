@@ -142,3 +142,20 @@ def test_other_aware_actions_refuse_a_multi_process_launch(action, monkeypatch, 
     err = capsys.readouterr().err.strip()
     assert err == (f"lab aware {action}: error: $WORLD_SIZE 2: one of several launched processes; only "
                    f"`lab aware finetune` runs under accelerate launch (sweeps: --executor ray)")
+
+
+def test_fsdp_is_refused_in_one_line(monkeypatch):
+    import accelerate
+    from accelerate.utils import DistributedType
+
+    from lab.experiments.aware import distributed
+
+    class FakeAccelerator:                       # what accelerate launch --config_file fsdp.yaml gives on GPUs
+        distributed_type = DistributedType.FSDP
+
+        def __init__(self, **kw):
+            pass
+
+    monkeypatch.setattr(accelerate, "Accelerator", FakeAccelerator)
+    with pytest.raises(ValueError, match="FSDP shards every weight.*use configs/accelerate/ddp.yaml"):
+        distributed.Session()

@@ -2,7 +2,8 @@
 
 When a launcher started several processes (``WORLD_SIZE`` > 1), :func:`session` returns a
 :class:`Session` on accelerate's ``Accelerator`` (DDP by default — gloo on CPU, NCCL on GPUs — or
-FSDP / DeepSpeed ZeRO-2 from ``configs/accelerate/``); in one process it returns None and nothing
+DeepSpeed ZeRO-2 from ``configs/accelerate/``; FSDP is refused in one line: it shards the weights
+AWARe merges its rows into); in one process it returns None and nothing
 changes. A session:
 
 - **profiles saliency sharded**: rank r hooks calibration batches r, r+W, ...; the per-layer sums
@@ -51,6 +52,10 @@ class Session:
         # (the downstream tasks ask about images, so the projector always runs); a batch that left one
         # out would stop DDP with an error rather than all-reduce zeros one process never computed.
         self.acc = Accelerator(cpu=cpu)
+        if self.acc.distributed_type.name == "FSDP":
+            raise ValueError("FSDP shards every weight, and AWARe merges its trained rows into the full weights after "
+                             "training: not supported by lab aware finetune yet; use configs/accelerate/ddp.yaml or "
+                             "deepspeed_zero2.yaml (weights replicated)")
         self.rank, self.world, self.is_main = self.acc.process_index, self.acc.num_processes, self.acc.is_main_process
         self.device = self.acc.device
         self.report: dict = {"world": self.world, "distributed_type": str(self.acc.distributed_type),
