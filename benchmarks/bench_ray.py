@@ -1,9 +1,10 @@
 """Ray vs the local executor on the TOSCA study's sweep, measured in one run (README, "Beyond one machine").
 
-The sweep: 3 seeds x the study's first two (head, LuCA) initialisations (the reference's, the former default), TOSCA evaluated under every router,
-20 epochs per task as in the study, on the offline scenario's cached features (fashion_mnist_mini,
-efficientnet_lite0; the first run extracts them). Each variant trains with one thread (ToscaConfig.threads = 1), so the local executor keeps one
-core busy and Ray with 2 workers can use two. Prints
+The sweep: 3 seeds x the study's first two (head, LuCA) initialisations (the reference's, the
+former default), TOSCA evaluated under every router, 20 epochs per task as in the study, on the
+offline scenario's cached features (fashion_mnist_mini, efficientnet_lite0; the first run extracts
+them). Each variant trains with one thread (ToscaConfig.threads = 1), so the local executor keeps
+one core busy and Ray with 2 workers can use two. Prints
 
 1. the wall time of the sweep under the local executor and under Ray with ``--workers`` workers, and
    their ratio, with and without Ray's start-up (``ray.init`` of a local instance);
