@@ -61,10 +61,10 @@ def describe_study(study: dict) -> str:
     """Notebook 04's findings over a shipped study as Markdown bullets: every sentence is a verdict
     computed from a paired difference and its 95 % interval (:mod:`lab.experiments.aware.intervals`),
     "no difference detected" when the interval spans zero."""
-    from lab.experiments.aware.study_views import REFERENCE
+    from lab.experiments.aware.study_views import REFERENCE, continual_verdicts, verdicts
 
     s = study["summary"].set_index(["variant", "metric"])
-    c = study["comparisons"]
+    c = verdicts(study)
     seeds = study["manifest"]["config"]["seeds"]
 
     def val(v, m, d=1):
@@ -91,10 +91,20 @@ def describe_study(study: dict) -> str:
                      "clearly learned the task")
         lines.append(f"- **Did full fine-tuning learn the task?** downstream {val('methods/full', 'downstream', 3)} vs "
                      f"the most common answer's {d.reference_acc:.3f} (before fine-tuning {d.acc:.3f}): it {word}.")
+    t = study.get("tuning")
+    if t is not None and len(t):
+        ch = t[t.chosen].set_index("variant")
+        main = ch.lr.get(REFERENCE)
+        others = ch[(ch.method == "aware") & (ch.index != REFERENCE)]
+        if main is not None and len(others):
+            moved = [v for v, lr in others.lr.items() if lr != main]
+            lines.append(f"- **Learning rates:** {len(moved)} of {len(others)} AWARe variants chose a rate other than main "
+                         f"AWARe's {main:g} on validation questions"
+                         + (f" ({', '.join(moved)})" if moved else "") + "; each variant is reported at its own rate.")
     for name in dict.fromkeys(c.comparison):
         rows = c[c.comparison == name]
         lines.append(f"- **{name}:** " + "; ".join(rows.verdict) + ".")
-    cc = study.get("continual_comparisons")
+    cc = continual_verdicts(study) if len(study.get("continual_comparisons", ())) else None
     if cc is not None and len(cc):
         lines.append("- **Continual sequence** (accuracy differences in points; the replay variant is this "
                      "project's extension, not the paper's protocol): " + "; ".join(cc.verdict) + ".")

@@ -14,6 +14,43 @@ METRIC_NAMES = {"R": "R (upstream retained, %)", "E": "E (downstream vs full FT,
 GROUP_TITLES = {"methods": "methods", "rule": "selection rule", "rho": "rho", "targets": "targets",
                 "calibration": "calibration set", "calib_size": "calibration size"}
 REFERENCE = "methods/aware"      # main AWARe: rho 0.3, activation-global, q/k/v + projector, 200 upstream samples
+# who is compared, in words, per headline comparison of lab.experiments.aware.shipped.HEADLINE
+PAIR_NAMES = {"AWARe vs full fine-tuning": ("AWARe", "full fine-tuning"), "AWARe vs LoRA": ("AWARe", "LoRA"),
+              "AWARe vs DoRA": ("AWARe", "DoRA"), "activation vs weight-norm": ("activation selection", "weight-norm selection"),
+              "activation vs random": ("activation selection", "random selection"),
+              "weight-norm vs random": ("weight-norm selection", "random selection"),
+              "global vs balanced": ("global selection", "balanced selection"),
+              "rho 0.3 vs 0.1": ("rho 0.3", "rho 0.1"), "rho 0.3 vs 0.5": ("rho 0.3", "rho 0.5"),
+              "q/k/v+projector vs +MLP": ("q/k/v+projector targets", "q/k/v+projector+MLP targets"),
+              "q/k/v+projector vs q/k/v": ("q/k/v+projector targets", "q/k/v targets"),
+              "upstream vs proxy calibration": ("upstream calibration", "proxy calibration")}
+PROTOCOL_NAMES = {"full": "full fine-tuning", "aware (paper: upstream saliency)": "AWARe (paper's protocol)",
+                  "aware + replay saliency (extension)": "AWARe + replay saliency (this project's extension)"}
+
+
+def verdicts(study: dict):
+    """The headline comparisons with their verdicts in words, recomputed from each difference's
+    estimate and interval (:func:`lab.experiments.aware.intervals.verdict`)."""
+    from lab.experiments.aware import intervals as I
+
+    c = study["comparisons"].copy()
+    c["verdict"] = [I.verdict(*PAIR_NAMES.get(r.comparison, (r.a, r.b)), {"estimate": r.estimate, "lo": r.lo, "hi": r.hi},
+                              r.metric) for r in c.itertuples()]
+    return c
+
+
+def continual_verdicts(study: dict):
+    from lab.experiments.aware import intervals as I
+
+    c = study["continual_comparisons"].copy()
+    out = []
+    for r in c.itertuples():
+        scale, unit = (1, "") if r.metric == "R_after" else (100, " pts")
+        out.append(I.verdict(PROTOCOL_NAMES.get(r.a, r.a), PROTOCOL_NAMES.get(r.b, r.b),
+                             {"estimate": scale * r.estimate, "lo": scale * r.lo, "hi": scale * r.hi},
+                             "R after the sequence" if r.metric == "R_after" else r.metric, unit))
+    c["verdict"] = out
+    return c
 
 
 def repo_root() -> Path:
@@ -177,7 +214,7 @@ def tradeoff(study: dict, title: str = ""):
 
 def comparisons(study: dict, names=None):
     """The headline differences (a − b) with intervals and the verdict computed from them."""
-    c = study["comparisons"]
+    c = verdicts(study)
     if names is not None:
         c = c[c.comparison.isin(names)]
     out = c[["comparison", "metric"]].copy()
@@ -208,7 +245,7 @@ def continual_table(study: dict):
 
 
 def continual_comparisons(study: dict):
-    c = study["continual_comparisons"]
+    c = continual_verdicts(study)
     out = c[["a", "b", "metric"]].copy()
     out["a − b [95 %]"] = [_fmt(e, lo, hi, 1 if m == "R_after" else 3) for e, lo, hi, m in zip(c.estimate, c.lo, c.hi, c.metric)]
     out["verdict"] = c.verdict.values
@@ -366,11 +403,11 @@ def readme_section(study: dict) -> str:
     cfg, mach = m["config"], m.get("machine", {})
     before = study["upstream_before"].set_index("skill")
     down = before[before.index.str.startswith("downstream")].iloc[0]
-    c = study["comparisons"].set_index(["comparison", "metric"])
+    c = verdicts(study).set_index(["comparison", "metric"])
     claims = [f"- {c.loc[(name, met), 'verdict']}" for name, mets in README_CLAIMS for met in mets
               if (name, met) in c.index]
-    cc = study["continual_comparisons"]
-    cont = [f"- {r.verdict}" for r in cc.itertuples() if r.metric in ("Avg", "BWT")]
+    cc = continual_verdicts(study)
+    cont = [f"- Continual sequence, {r.verdict}" for r in cc.itertuples() if r.metric in ("Avg", "BWT")]
     parts = [
         README_HEADING, "",
         f"`{m['command']}` ({len(cfg['seeds'])} seeds, {cfg['steps']} steps x {cfg['batch_size']} on `{cfg['task']}`, "
