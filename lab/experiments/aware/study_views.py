@@ -422,7 +422,7 @@ def readme_section(study: dict) -> str:
         "", readme_table(study), "", readme_continual(study), "",
         "Read as differences with 95 % intervals (computed, not written by hand):", "", *claims, *cont, "",
         f"What was reduced to make the study fit its machine: {m.get('note', '')} Notebook 04 shows every group, "
-        "the tuning candidates and a live re-run of part of the study.", ""]
+        "the tuning candidates and a live re-run of part of the study.", "", ""]
     return "\n".join(parts)
 
 
