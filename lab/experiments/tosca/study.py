@@ -6,7 +6,8 @@ the cheap baselines, on cached features -> tidy tables with 95 % intervals over 
 
 A sweep is a list of frozen :class:`~lab.experiments.tosca.run.RunConfig` variants built by one
 pure function (:func:`variants`) and mapped by :func:`run_all`: per scenario and seed, TOSCA with
-the reference initialisation and with this library's former one (uniform head rows, Xavier LuCA),
+the reference initialisation, with this library's former one (uniform head rows, Xavier LuCA) and
+with each of those two changes alone,
 the LuCA flow ablation (adapter / calibrator / tosca_r, reference initialisation) on the scenarios
 in ``--flow-scenarios``, and every cheap baseline. TOSCA is evaluated under every router. Written
 into ``--out``:
@@ -39,8 +40,8 @@ from .run import RunConfig
 
 SCENARIOS = ("fashion_mnist_mini", "mnist_5k+fashion_mnist_mini")
 BASELINES = ("simplecil", "ncm", "fecam", "ranpac")
-# (head_init, luca_init): the reference's, then this library's former default
-INITS = (("reference", "reference"), ("uniform", "xavier"))
+# (head_init, luca_init): the reference's, this library's former default, then each change alone
+INITS = (("reference", "reference"), ("uniform", "xavier"), ("uniform", "reference"), ("reference", "xavier"))
 ABLATION_FLOWS = ("adapter", "calibrator", "tosca_r")  # beside 'tosca' (lab.tosca.luca.FLOWS)
 METRICS = ("avg_inc_acc", "last_acc", "routing_accuracy_last", "routing_accuracy_mean")
 KEYS = ["scenario", "method", "flow", "head_init", "luca_init", "routing"]
