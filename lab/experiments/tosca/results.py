@@ -336,6 +336,10 @@ def efficiency_sentence(params: pd.DataFrame, time: pd.DataFrame | None) -> str:
                      + (" — the paper's ~8x holds" if 7 <= ratio <= 9 else
                         (" — here one LuCA is the larger" if ratio < 1 else "")))
     s = "Parameters: " + "; ".join(parts) + "."
+    for bb, r in p.iterrows():  # the ~8x is per task: TOSCA keeps one LuCA per task, the adapters are trained once
+        tot = r.luca_params_all_tasks / r.layerwise_adapter_params
+        s += (f" Over {int(r.tasks)} tasks on {bb}, the {int(r.tasks)} LuCAs hold {tot:.2f}x the layer-wise "
+              f"adapters' parameters (trained once, on the first task, in APER).")
     if time is not None:
         for bb, g in time.groupby("backbone", sort=False):
             g = g.set_index("setting")
