@@ -364,7 +364,7 @@ def answer(runs, scenario: str) -> str:
                        + (" (per-batch is the reference's protocol: it reads the class-ordered test stream, "
                           "which a deployed model does not see)" if "per-batch" in win else ""))
         elif tie:
-            out.append(f"TOSCA beats {b} with no router (no difference detected with {', '.join(tie)})")
+            out.append(f"no router puts TOSCA above {b} (no difference detected with {', '.join(tie)}; below it with the others)")
         else:
             out.append(f"TOSCA is below {b} with every router")
     o = stat(runs, "last_acc", scenario=scenario, routing="oracle")
