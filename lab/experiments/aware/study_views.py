@@ -408,6 +408,17 @@ def readme_section(study: dict) -> str:
               if (name, met) in c.index]
     cc = continual_verdicts(study)
     cont = [f"- Continual sequence, {r.verdict}" for r in cc.itertuples() if r.metric in ("Avg", "BWT")]
+    s = study["summary"].set_index(["variant", "metric"])
+    checks = []
+    if ("methods/full", "R") in s.index:
+        fr, fd = s.loc[("methods/full", "R")], s.loc[("methods/full", "downstream")]
+        checks.append(f"Full fine-tuning {'forgets' if fr.hi < 100 else 'is not shown to forget'} (R "
+                      f"{_fmt(fr.estimate, fr.lo, fr.hi)}) and "
+                      + (f"learned the task (downstream {_fmt(fd.estimate, fd.lo, fd.hi, 3)}, above the most common "
+                         f"answer's {down.reference_acc:.2f})" if fd.lo > down.reference_acc else
+                         f"is not shown to have learned the task in {cfg['steps']} steps (downstream "
+                         f"{_fmt(fd.estimate, fd.lo, fd.hi, 3)} vs the most common answer's {down.reference_acc:.2f}), "
+                         "so E and H compare methods that have not clearly learned it") + ".")
     parts = [
         README_HEADING, "",
         f"`{m['command']}` ({len(cfg['seeds'])} seeds, {cfg['steps']} steps x {cfg['batch_size']} on `{cfg['task']}`, "
@@ -419,7 +430,7 @@ def readme_section(study: dict) -> str:
         f"H: their harmonic mean. Before fine-tuning: easy-VQA {before.loc['easy_vqa', 'acc']:.2f} (majority answer "
         f"{before.loc['easy_vqa', 'reference_acc']:.2f}), probe {before.loc['probe', 'acc']:.2f} (chance 0.25); the "
         f"downstream test set's most common answer {down.reference_acc:.2f}.",
-        "", readme_table(study), "", readme_continual(study), "",
+        "", readme_table(study), "", readme_continual(study), "", *checks, *([""] if checks else []),
         "Read as differences with 95 % intervals (computed, not written by hand):", "", *claims, *cont, "",
         f"What was reduced to make the study fit its machine: {m.get('note', '')} Notebook 04 shows every group, "
         "the tuning candidates and a live re-run of part of the study.", "", ""]
