@@ -34,8 +34,12 @@ def verdicts(study: dict):
     from lab.experiments.aware import intervals as I
 
     c = study["comparisons"].copy()
-    c["verdict"] = [I.verdict(*PAIR_NAMES.get(r.comparison, (r.a, r.b)), {"estimate": r.estimate, "lo": r.lo, "hi": r.hi},
-                              r.metric) for r in c.itertuples()]
+    out = []
+    for r in c.itertuples():
+        k, unit = (100, " pts") if r.metric == "downstream" else (1, "")   # accuracy differences in points
+        out.append(I.verdict(*PAIR_NAMES.get(r.comparison, (r.a, r.b)),
+                             {"estimate": k * r.estimate, "lo": k * r.lo, "hi": k * r.hi}, r.metric, unit))
+    c["verdict"] = out
     return c
 
 
@@ -316,7 +320,11 @@ def live_check(study: dict, *, n_questions: int | None = None, cache_dir=None, d
     conf["grids"] = tuple((m, tuple(x)) for m, x in man["config"]["grids"])
     cfg = shipped.StudyConfig(**conf)
     seed = cfg.tune_seed
-    ctx = setup(cfg.to_size(), tiny=cfg.tiny, tasks_needed=(cfg.task,), cache_dir=cache_dir, device=device, progress=progress)
+    from lab.experiments.aware.ablate import tasks_for
+
+    # the study's own tasks (the tiny model's vocabulary is built from them, so the same model results)
+    ctx = setup(cfg.to_size(), tiny=cfg.tiny, tasks_needed=tasks_for(None, cfg.task), cache_dir=cache_dir, device=device,
+                progress=progress)
     sub = lambda qa: qa.subset(range(min(n_questions or len(qa), len(qa))))  # noqa: E731
     from dataclasses import replace
 
@@ -344,18 +352,33 @@ def live_check(study: dict, *, n_questions: int | None = None, cache_dir=None, d
         r = np.mean([100 * np.mean(rec["answers"][k]) / max(np.mean(base[k]), 1e-9) for k in ("easy_vqa", "probe")])
         live_R[vid] = r
         ship = study["summary"].set_index(["variant", "metric"]).loc[(vid, "R")]
-        rows.append({"check": f"R of {vid.split('/')[1]}", "live": r, "shipped": ship.estimate, "lo": ship.lo,
-                     "hi": ship.hi, "inside": bool(ship.lo <= r <= ship.hi), "same answers": f"{agree}/{n}"})
+        same_seed = study["runs"].set_index(["variant", "seed"]).R.get((vid, seed), np.nan)
+        rows.append({"check": f"R of {vid.split('/')[1]}", "live": r, f"shipped seed {seed}": same_seed,
+                     "shipped": ship.estimate, "lo": ship.lo, "hi": ship.hi, "inside": bool(ship.lo <= r <= ship.hi),
+                     "same answers": f"{agree}/{n}"})
     c = study["comparisons"]
     c = c[(c.comparison == "AWARe vs full fine-tuning") & (c.metric == "R")].iloc[0]
     d = live_R[REFERENCE] - live_R["methods/full"]
-    rows.append({"check": "R: aware − full", "live": d, "shipped": c.estimate, "lo": c.lo, "hi": c.hi,
+    rr = study["runs"].set_index(["variant", "seed"]).R
+    rows.append({"check": "R: aware − full", "live": d,
+                 f"shipped seed {seed}": rr.get((REFERENCE, seed), np.nan) - rr.get(("methods/full", seed), np.nan),
+                 "shipped": c.estimate, "lo": c.lo, "hi": c.hi,
                  "inside": bool(c.lo <= d <= c.hi), "same answers": ""})
     table = pd.DataFrame(rows)
     return {"table": table, "ok": bool(table.inside.all()), "n_questions": n_questions, "seed": seed}
 
 
 def live_verdict(check: dict) -> str:
+    t = check["table"]
+    same = [x for x in t["same answers"] if x]
+    agree = sum(int(x.split("/")[0]) for x in same), sum(int(x.split("/")[1]) for x in same)
+    exact = (f" The live runs gave the shipped runs' answers on {agree[0]} of {agree[1]} test questions"
+             + (" (an exact re-run)." if agree[0] == agree[1] else " — not an exact re-run: the code or the machine "
+                "differs from the study's."))
+    return _live_words(check) + exact
+
+
+def _live_words(check: dict) -> str:
     t = check["table"]
     if check["ok"]:
         return (f"Live check (seed {check['seed']}, {check['n_questions'] or 'all'} test questions per set): every live "
