@@ -171,9 +171,12 @@ def job_key(fingerprint: str, job: Job) -> str:
 
 
 def fingerprint(cfg: StudyConfig, device: str) -> str:
-    """What every run of a context shares: the size (data, eval sets, recipe), the task and the model."""
+    """What every run of a context shares: the size (data, eval sets, recipe), the task, the model and
+    the code that computes a run (:func:`source_hashes`' ``sha256``), so that a run cached by other
+    code is never reused."""
     fields = {k: v for k, v in asdict(cfg).items() if k not in ("seeds", "replicates", "tune_seed")}
-    return hashlib.sha256(_canon({"size": asdict(cfg.to_size()), "cfg": fields, "device": device}).encode()).hexdigest()[:16]
+    return hashlib.sha256(_canon({"size": asdict(cfg.to_size()), "cfg": fields, "device": device,
+                                  "code": source_hashes()["sha256"]}).encode()).hexdigest()[:16]
 
 
 def plan_tuning(cfg: StudyConfig) -> list[Job]:
