@@ -52,7 +52,7 @@ SIZES = {
                   train=TrainConfig(steps=2, batch_size=4), n_calib=8, calib_sizes=(4,), rhos=(0.0, 0.3),
                   continual_steps=1, n_continual_eval=8, eval_batch=16),
     "default": Size(),
-    "large": Size(n_align=20000, align=AlignConfig(steps=1200, batch_size=32), n_easy_eval=1000, n_train=4000,
+    "large": Size(n_align=12000, align=AlignConfig(steps=1200, batch_size=32), n_easy_eval=1000, n_train=3000,
                   n_eval=1000, train=TrainConfig(steps=200, batch_size=16), seeds=(0, 1, 2),
                   continual_steps=150, n_continual_eval=500, continual_methods=("full", "lora", "aware"),
                   exact=True),
