@@ -203,6 +203,7 @@ ROWS: list[Row] = [
     R("aware tune", "--task", ["--task", "nope"], "argument --task: invalid choice"),
     R("aware tune", "--seeds", ["--seeds", "-3"], "--seeds -3: must be an integer >= 0"),
     R("aware tune", "--n-val", ["--n-val", "0"], "--n-val 0: must be an integer >= 1"),
+    R("aware tune", "--n-val", ["--size", "smoke", "--n-val", "1000000"], "validation questions exist at --size smoke"),
     R("aware tune", "--grid", ["--grid", "full=nan"], "--grid full nan: must be a finite number > 0"),
     R("aware tune", "--grid", ["--grid", "aware=1e-4"], "must include 'full'"),
     R("aware tune", "--grid", ["--grid", "full=x"], "learning rates must be numbers"),

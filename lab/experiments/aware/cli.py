@@ -169,6 +169,25 @@ def _threads():
     transformers.logging.set_verbosity_error()
 
 
+def _check_n_val(args, size) -> None:
+    """--n-val against the questions that can serve as validation, before any model loads: the task's
+    train images the training pool leaves, and easy-VQA train questions about images no alignment
+    question shows (otherwise the set would be cut to the pool, silently, after minutes of set-up)."""
+    import easy_vqa
+
+    from lab import _validate as V
+    from lab.data import dataset_info
+    from lab.experiments.aware.tasks import TEMPLATES, unseen_image_index
+
+    down = dataset_info(TEMPLATES[args.task][0])["train"] - size.n_train
+    easy = len(unseen_image_index(easy_vqa.get_train_questions()[2], size.n_align, 10**9, seed=0))
+    most = min(down, easy)
+    if args.n_val > most:
+        raise V.bad("--n-val", args.n_val, f"at most {most} validation questions exist at --size {args.size} "
+                                           f"({down} {args.task} train images outside the training pool, "
+                                           f"{easy} easy-VQA questions about unseen images)")
+
+
 def _size(args):
     """The preset with any training overrides from the command line (validated by TrainConfig)."""
     from dataclasses import replace
@@ -357,6 +376,7 @@ def cmd_tune(args) -> int:
     _run_dir_check(args)
     _check_executor(args)
     size = _size(args)
+    _check_n_val(args, size)
     _threads()
     ctx = setup(size, progress=not args.quiet, cache_dir=args.cache_dir, device=args.device, tasks_needed=(args.task,),
                 model=args.model, dtype=args.dtype)
