@@ -35,10 +35,12 @@ browser: $(STAMP)
 report: browser
 	$(BIN)/lab report
 
-## Test suite (unit + notebooks under papermill + browser check when a browser is there)
+## Test suite (unit + notebooks under papermill + browser check when a browser is there), spread
+## over the CPUs by pytest-xdist (at most 4 workers; TEST_WORKERS=0 runs it in this one process)
+TEST_WORKERS ?= auto
 test: browser
 	@bash $(SYSTEM_PACKAGES) dataset-fashion-mnist
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4
 
 ## JupyterLab on 127.0.0.1 with a token and the project's kernel
 lab: $(STAMP)

@@ -1,5 +1,7 @@
 """Shared by test_report, test_notebooks and test_browser: tiny notebooks and one smoke render
-of each real notebook per session (the browser test reuses what test_notebooks rendered)."""
+of each real notebook per test run (the browser test reuses what test_notebooks rendered, also
+when pytest-xdist runs them in different workers: the renders sit in the folder all workers
+share, behind a file lock)."""
 from __future__ import annotations
 
 import json
@@ -59,26 +61,45 @@ def run_cli(*argv: str) -> int:
     return args.func(args)
 
 
-def tiny_reports(tmp_path_factory) -> tuple[Path, Path, int]:
-    """Both tiny notebooks rendered once per session through the CLI (report parameters, PNGs):
-    (notebook folder, output folder, exit status)."""
+def shared_base(tmp_path_factory) -> Path:
+    """This run's temporary folder, the same for every pytest-xdist worker of the run."""
     base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _once(tmp_path_factory, name: str):
+    """A lock around making ``name`` in :func:`shared_base` (one worker makes it, others wait)."""
+    from filelock import FileLock
+
+    return FileLock(str(shared_base(tmp_path_factory) / f"{name}.lock"), timeout=CELL_TIMEOUT_S * 3)
+
+
+def tiny_reports(tmp_path_factory) -> tuple[Path, Path, int]:
+    """Both tiny notebooks rendered once per test run through the CLI (report parameters, PNGs):
+    (notebook folder, output folder, exit status)."""
+    base = shared_base(tmp_path_factory)
     nbdir, out, rc_file = base / "tiny-nb", base / "tiny-reports", base / "tiny-rc.txt"
-    if not rc_file.exists():
-        write_tiny_notebooks(nbdir)
-        rc_file.write_text(str(run_cli("--notebooks", str(nbdir), "--out", str(out))))
+    with _once(tmp_path_factory, "tiny-reports"):
+        if not rc_file.exists():
+            write_tiny_notebooks(nbdir)
+            rc_file.write_text(str(run_cli("--notebooks", str(nbdir), "--out", str(out))))
     return nbdir, out, int(rc_file.read_text())
 
 
+def smoke_reports_dir(tmp_path_factory) -> Path:
+    return shared_base(tmp_path_factory) / "smoke-reports"
+
+
 def smoke_report(tmp_path_factory, notebook: Path) -> dict:
-    """Render ``notebook`` once per session with smoke parameters (no PNGs); its index card."""
+    """Render ``notebook`` once per test run with smoke parameters (no PNGs); its index card."""
     from lab.report.index import read_card
     from lab.report.pipeline import render_one
 
-    out = tmp_path_factory.getbasetemp() / "smoke-reports"
+    out = smoke_reports_dir(tmp_path_factory)
     executed = out / f"{notebook.stem}.ipynb"
-    if not executed.exists():
-        render_one(notebook, out, profile="smoke", png=False, timeout=CELL_TIMEOUT_S)
+    with _once(tmp_path_factory, f"smoke-{notebook.stem}"):
+        if not executed.exists():
+            render_one(notebook, out, profile="smoke", png=False, timeout=CELL_TIMEOUT_S)
     return read_card(executed)
 
 

@@ -6,6 +6,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` spreads the suite over the CPUs), each worker gets its share of the cores for torch (and for the notebook
+    kernels and CLI subprocesses it starts), so that workers do not oversubscribe the machine."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        threads = str(max(1, (os.cpu_count() or 1) // int(workers)))
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, threads)
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_dirs(tmp_path_factory):
     """Runs write into a per-session folder. The feature cache is the user's normal one

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from _report_helpers import BROWSER, CHROMIUM_ARGS, NOTEBOOKS, hard_timeout, smoke_report, tiny_reports
+from _report_helpers import (BROWSER, CHROMIUM_ARGS, NOTEBOOKS, hard_timeout, smoke_report, smoke_reports_dir,
+                             tiny_reports)
 from lab.report.notebook import enable_png_command
 
 pytestmark = [pytest.mark.browser, hard_timeout(900)]  # a notebook's smoke render included
@@ -94,7 +95,7 @@ def test_tiny_index_links_every_report_and_its_images_load(browser, tiny):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_report_draws_offline(browser, path, tmp_path_factory):
     smoke_report(tmp_path_factory, path)
-    html = tmp_path_factory.getbasetemp() / "smoke-reports" / f"{path.stem}.html"
+    html = smoke_reports_dir(tmp_path_factory) / f"{path.stem}.html"
     seen = open_page(browser, html)
     check_report(seen, html.name)
 
@@ -106,7 +107,7 @@ def test_notebook_index_opens_offline(browser, tmp_path_factory):
 
     for path in NOTEBOOKS:
         smoke_report(tmp_path_factory, path)
-    out = tmp_path_factory.getbasetemp() / "smoke-reports"
+    out = smoke_reports_dir(tmp_path_factory)
     write_index(out, NOTEBOOKS[0].parent)
     seen = open_page(browser, out / "index.html")
     check_report(seen, "index.html")

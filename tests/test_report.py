@@ -94,8 +94,18 @@ def test_outputs_are_complete_files_with_normal_modes(rendered):
 
 
 @pytest.mark.notebook
-def test_only_rerenders_one_and_keeps_the_other_cards(rendered, tmp_path):
+def _own_copy(rendered, tmp_path):
+    """The shared tiny render copied for a test that writes into it (other workers read it)."""
+    import shutil
+
     nbdir, out, _ = rendered
+    shutil.copytree(nbdir, tmp_path / "nb")
+    shutil.copytree(out, tmp_path / "out")
+    return tmp_path / "nb", tmp_path / "out"
+
+
+def test_only_rerenders_one_and_keeps_the_other_cards(rendered, tmp_path):
+    nbdir, out = _own_copy(rendered, tmp_path)
     before = (out / "a_good.html").read_bytes()
     assert run_cli("--notebooks", str(nbdir), "--out", str(out), "--only", "b_bad.ipynb") == 1
     cards = load_index(out)
@@ -119,7 +129,7 @@ def test_smoke_profile_and_overrides(tmp_path, capsys):
 
 @pytest.mark.notebook
 def test_failed_export_leaves_previous_outputs_intact(rendered, tmp_path, monkeypatch):
-    nbdir, out, _ = rendered
+    nbdir, out = _own_copy(rendered, tmp_path)
     before = {p.name: p.read_bytes() for p in out.glob("b_bad.*")}
 
     def broken(nb):
