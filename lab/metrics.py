@@ -94,3 +94,19 @@ def backward_transfer(matrix) -> float:
     if B < 2:
         return float("nan")
     return float(np.mean([R[i, B - 1] - R[i, i] for i in range(min(R.shape[0], B - 1))]))
+
+
+def wilson_interval(accuracy: float, n: int, *, percent: bool = False, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of an accuracy measured once on ``n`` independent test items
+    (one run, one seed: the interval covers the sampling of test items, not of seeds). In the
+    accuracy's unit: a fraction, or percent with ``percent=True``."""
+    scale = 100.0 if percent else 1.0
+    if not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be a positive number of test items, got {n!r}")
+    p = float(accuracy) / scale
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"accuracy must lie in [0, {scale:g}], got {accuracy!r}")
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return scale * max(0.0, centre - half), scale * min(1.0, centre + half)

@@ -62,3 +62,20 @@ def test_both_methods_give_the_shared_numbers_in_their_own_unit():
     s = TM.summarize(R, [90.0, 70.0, 50.0])  # TOSCA: percent
     assert s == pytest.approx({"avg_inc_acc": 70.0, "last_acc": 50.0, "forgetting": 45.0, "bwt": -45.0})
     assert TM.accuracy_matrix is M.accuracy_matrix and TM.backward_transfer is M.backward_transfer
+
+
+def test_wilson_interval_hand_computed_and_in_the_accuracy_unit():
+    from lab.metrics import wilson_interval
+    from lab.report import accuracy_with_interval, with_interval
+
+    # p = 0.761 on n = 1000: centre (p + z²/2n)/(1 + z²/n), half z·sqrt(p(1-p)/n + z²/4n²)/(1 + z²/n)
+    lo, hi = wilson_interval(0.761, 1000)
+    assert lo == pytest.approx(0.73360, abs=1e-5) and hi == pytest.approx(0.78640, abs=1e-5)
+    assert wilson_interval(76.1, 1000, percent=True) == pytest.approx((73.360, 78.640), abs=1e-3)
+    assert wilson_interval(1.0, 10) == pytest.approx((0.72246, 1.0), abs=1e-5)   # never above 1, never 1 wide
+    assert wilson_interval(0.0, 10)[0] == 0.0
+    assert accuracy_with_interval(76.1, 1000) == "76.1 [73.4, 78.6]"
+    assert with_interval(float("nan"), 0, 1) == "n/a"
+    for bad in (dict(accuracy=1.2, n=10), dict(accuracy=0.5, n=0), dict(accuracy=50, n=10)):
+        with pytest.raises(ValueError):
+            wilson_interval(bad["accuracy"], bad["n"])

@@ -6,6 +6,7 @@ Notebook side (cheap imports)::
     report.setup_notebook()              # first code cell
     report.save_png(fig, "name")         # optional static PNG (only under `lab report`)
     report.record(accuracy=acc, ...)     # last cell: headline numbers for the index
+    report.accuracy_with_interval(76.1, 1000)   # '76.1 [73.4, 78.6]': one run's accuracy, 95 % Wilson
 
 Pipeline side: :func:`render` (``lab report``), :func:`write_index`; parameters are declared
 in each notebook's metadata (:mod:`lab.report.params`).
@@ -13,7 +14,8 @@ in each notebook's metadata (:mod:`lab.report.params`).
 from __future__ import annotations
 
 from lab.report.cli import register
-from lab.report.notebook import METRICS_MIME, record, save_png, setup_notebook
+from lab.report.notebook import (METRICS_MIME, accuracy_with_interval, record, save_png, setup_notebook,
+                                 with_interval)
 
 
 def render(*args, **kwargs):
@@ -30,4 +32,5 @@ def write_index(*args, **kwargs):
     return _write_index(*args, **kwargs)
 
 
-__all__ = ["METRICS_MIME", "record", "register", "render", "save_png", "setup_notebook", "write_index"]
+__all__ = ["METRICS_MIME", "accuracy_with_interval", "record", "register", "render", "save_png", "setup_notebook",
+           "with_interval", "write_index"]

@@ -94,6 +94,21 @@ def _format(value: float | int | str) -> str:
     return str(value)
 
 
+def with_interval(estimate: float, lo: float, hi: float, digits: int = 1) -> str:
+    """``'76.1 [73.4, 78.6]'``: an estimate with its 95 % interval, as the report index shows one."""
+    if not all(math.isfinite(float(v)) for v in (estimate, lo, hi)):
+        return "n/a"
+    return f"{estimate:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def accuracy_with_interval(accuracy: float, n: int, *, percent: bool = True, digits: int = 1) -> str:
+    """One run's accuracy on ``n`` test items with its 95 % Wilson interval over those items
+    (:func:`lab.metrics.wilson_interval`), e.g. for :func:`record`."""
+    from lab.metrics import wilson_interval
+
+    return with_interval(accuracy, *wilson_interval(accuracy, n, percent=percent), digits=digits)
+
+
 def record(metrics: Mapping[str, Any] | None = None, /, **more: Any) -> None:
     """Record headline numbers (finite numbers, or short strings for context) for the report index.
 
