@@ -83,6 +83,40 @@ def load_study(path="results/aware") -> dict:
     return out
 
 
+SHIPPED_CACHE = "cache"   # <study>/cache/<part>/<key>.safetensors: cache entries shipped with a study
+
+
+def seed_caches(study="results/aware", cache_dir=None) -> list[Path]:
+    """Copy the cache entries shipped with a study (its aligned projector,
+    ``<study>/cache/projectors/<key>.safetensors``) into the AWARe cache where that key is missing,
+    each checked against its sha256 first. The file name is the projector's cache key (the alignment
+    recipe, the language model, every training question and the visual tokens' source), so the
+    setup uses it exactly where it would otherwise align that same projector (~4 min on one CPU
+    thread): a fresh machine then runs the study's own projector. Never overwrites an entry.
+    Returns the entries written."""
+    from lab._io import CorruptFile, load_tensors, save_tensors
+    from lab.experiments.aware.minillava import cache_root
+
+    path = Path(study)
+    if not path.is_absolute() and not path.exists():
+        path = repo_root() / path
+    written = []
+    for src in sorted((path / SHIPPED_CACHE).glob("*/*.safetensors")):
+        dest = cache_root(cache_dir) / src.parent.name / src.name
+        if dest.exists():
+            continue
+        try:
+            tensors, meta = load_tensors(src)
+        except CorruptFile as e:
+            import warnings
+
+            warnings.warn(f"shipped cache entry {src} fails its check ({e}); it is not used", stacklevel=2)
+            continue
+        save_tensors(dest, tensors, meta)
+        written.append(dest)
+    return written
+
+
 def panel_run(study: dict) -> dict:
     """The study in the shape :meth:`lab.widgets.aware.AblationPanel.from_run` reads: per-seed rows
     (main AWARe repeated in every ablation group, as its reference) and the folder with the saliency."""
@@ -456,8 +490,19 @@ def readme_section(study: dict) -> str:
         "", readme_table(study), "", readme_continual(study), "", *checks, *([""] if checks else []),
         "Read as differences with 95 % intervals (computed, not written by hand):", "", *claims, *cont, "",
         f"What was reduced to make the study fit its machine: {m.get('note', '')} Notebook 04 shows every group, "
-        "the tuning candidates and a live re-run of part of the study.", "", ""]
+        "the tuning candidates and a live re-run of part of the study.", "", *_shipped_cache_line(study), ""]
     return "\n".join(parts)
+
+
+def _shipped_cache_line(study: dict) -> list[str]:
+    entries = sorted(p.relative_to(study["path"]).as_posix()
+                     for p in (Path(study["path"]) / SHIPPED_CACHE).glob("*/*.safetensors"))
+    if not entries:
+        return []
+    return [f"Shipped beside the tables, outside the manifest: {', '.join(f'`{e}`' for e in entries)}, the study's "
+            "aligned projector under its cache key. Notebooks 03 and 04 copy it into an empty cache "
+            "(`study_views.seed_caches`, sha256 checked, never overwriting), so a fresh machine skips the "
+            "projector alignment and runs the study's own projector.", ""]
 
 
 def readme_block(text: str) -> str:

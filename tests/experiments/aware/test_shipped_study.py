@@ -81,3 +81,34 @@ def test_readme_section_is_the_shipped_study(study):
         "README's AWARe section differs from results/aware: regenerate it with "
         "lab.experiments.aware.study_views.readme_section(load_study('results/aware'))")
     assert "the paper's picture" not in study_views.readme_block(readme)
+
+
+def test_the_shipped_projector_seeds_an_empty_cache_once_checked_and_never_overwrites(tmp_path):
+    import shutil
+
+    import torch
+
+    from lab._io import load_tensors
+
+    shipped_files = sorted((STUDY / study_views.SHIPPED_CACHE).glob("projectors/*.safetensors"))
+    assert shipped_files, "results/aware/cache/projectors holds the study's aligned projector"
+    written = study_views.seed_caches(STUDY, cache_dir=tmp_path / "cache")
+    assert [p.name for p in written] == [p.name for p in shipped_files]
+    assert all(p.parent == tmp_path / "cache" / "aware" / "projectors" for p in written)
+    for src, dest in zip(shipped_files, written):
+        a, b = load_tensors(src)[0], load_tensors(dest)[0]        # both pass their sha256 check
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert set(a) == {"0.weight", "0.bias", "2.weight", "2.bias"}  # MiniLlava.mm_projector's state
+    before = {p: p.read_bytes() for p in written}
+    assert study_views.seed_caches(STUDY, cache_dir=tmp_path / "cache") == []   # present: left alone
+    assert {p: p.read_bytes() for p in written} == before
+
+    bad = tmp_path / "bad_study"                                  # a damaged copy is refused, loudly
+    shutil.copytree(STUDY / study_views.SHIPPED_CACHE, bad / study_views.SHIPPED_CACHE)
+    damaged = bad / study_views.SHIPPED_CACHE / "projectors" / shipped_files[0].name
+    data = bytearray(damaged.read_bytes())
+    data[-8:] = b"\x00" * 8
+    damaged.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="fails its check"):
+        assert study_views.seed_caches(bad, cache_dir=tmp_path / "other") == []
+    assert not (tmp_path / "other" / "aware" / "projectors" / damaged.name).exists()
