@@ -368,16 +368,24 @@ def test_bad_input_subprocess(row, sandbox, sub_results):
 
 def test_ctrl_c_names_the_run_folder_and_the_resume_command(tmp_path):
     """SIGINT during a (long) TOSCA run: one line with the folder and how to resume, exit 130."""
-    env = {**os.environ, "LAB_RUNS_DIR": str(tmp_path)}
-    p = subprocess.Popen([sys.executable, "-m", "lab.cli", "tosca", "--epochs", "100000", "--quiet"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    env = {**os.environ, "LAB_RUNS_DIR": str(tmp_path), "PYTHONFAULTHANDLER": "1"}
+    # 32 px: on a cold cache the first pass over the images takes seconds, so the signal lands in training
+    p = subprocess.Popen([sys.executable, "-m", "lab.cli", "tosca", "--resolution", "32", "--epochs", "100000", "--quiet"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         cwd=ROOT)
     try:
         deadline = time.time() + 60
         while time.time() < deadline and not list(tmp_path.glob("tosca/*/config.json")) and p.poll() is None:
             time.sleep(0.2)
         time.sleep(1.0)  # inside the training loop
+        sent = time.time()
         p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=60)
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:   # where it is stuck: faulthandler prints every thread on SIGABRT
+            p.send_signal(signal.SIGABRT)
+            _, err = p.communicate(timeout=30)
+            pytest.fail(f"no exit {time.time() - sent:.0f} s after SIGINT; the run's threads:\n{err[-4000:]}")
     finally:
         if p.poll() is None:
             p.kill()
@@ -386,7 +394,8 @@ def test_ctrl_c_names_the_run_folder_and_the_resume_command(tmp_path):
     assert "Traceback" not in err
     lines = [l for l in err.splitlines() if l.strip()]
     assert len(lines) == 1, err
-    assert str(folder) in lines[0] and f"--resume {folder}" in lines[0] and "lab tosca --epochs 100000" in lines[0]
+    assert str(folder) in lines[0] and f"--resume {folder}" in lines[0]
+    assert "lab tosca --resolution 32 --epochs 100000" in lines[0]
     assert not (folder / ".lock").exists()  # released: the resume command works at once
 
 
