@@ -366,13 +366,35 @@ def test_bad_input_subprocess(row, sandbox, sub_results):
     _check(row, sandbox, code, err, seconds, runs)
 
 
+def _sigint_state() -> str:
+    """This process's SIGINT disposition (Python's view) and whether the kernel has it ignored/blocked."""
+    try:
+        status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+    except OSError:   # no /proc: Python's view only
+        status = {}
+    bit = 1 << (signal.SIGINT - 1)
+    ignored, blocked = (bool(int(status.get(k, "0").strip(), 16) & bit) for k in ("SigIgn", "SigBlk"))
+    return f"handler {signal.getsignal(signal.SIGINT)!r}, ignored {ignored}, blocked {blocked}"
+
+
 def test_ctrl_c_names_the_run_folder_and_the_resume_command(tmp_path):
     """SIGINT during a (long) TOSCA run: one line with the folder and how to resume, exit 130."""
     env = {**os.environ, "LAB_RUNS_DIR": str(tmp_path), "PYTHONFAULTHANDLER": "1"}
     # 32 px: on a cold cache the first pass over the images takes seconds, so the signal lands in training
-    p = subprocess.Popen([sys.executable, "-m", "lab.cli", "tosca", "--resolution", "32", "--epochs", "100000", "--quiet"],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         cwd=ROOT)
+    # A terminal's Ctrl-C reaches a process whose SIGINT is at its default. A test runner's worker
+    # may have it ignored or blocked (the child would inherit that across exec, and a run was seen
+    # to train on untouched 60 s after the signal under pytest-xdist): start the child from the
+    # default, noting what the worker had.
+    inherited = _sigint_state()
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    old_mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "lab.cli", "tosca", "--resolution", "32", "--epochs", "100000",
+                              "--quiet"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env, cwd=ROOT)
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     try:
         deadline = time.time() + 60
         while time.time() < deadline and not list(tmp_path.glob("tosca/*/config.json")) and p.poll() is None:
@@ -385,7 +407,8 @@ def test_ctrl_c_names_the_run_folder_and_the_resume_command(tmp_path):
         except subprocess.TimeoutExpired:   # where it is stuck: faulthandler prints every thread on SIGABRT
             p.send_signal(signal.SIGABRT)
             _, err = p.communicate(timeout=30)
-            pytest.fail(f"no exit {time.time() - sent:.0f} s after SIGINT; the run's threads:\n{err[-4000:]}")
+            pytest.fail(f"no exit {time.time() - sent:.0f} s after SIGINT (this worker's SIGINT before the test: "
+                        f"{inherited}); the run's threads:\n{err[-4000:]}")
     finally:
         if p.poll() is None:
             p.kill()
