@@ -69,9 +69,7 @@ def load_study(path="results/aware") -> dict:
     from lab._io import read_json
     from lab.experiments.aware.shipped import changed_sources
 
-    path = Path(path)
-    if not path.is_absolute() and not path.exists():
-        path = repo_root() / path
+    path = _study_dir(path)
     if not (path / "manifest.json").exists():
         raise FileNotFoundError(f"{path} holds no study (no manifest.json); run `lab aware study --out {path}`")
     man = read_json(path / "manifest.json")
@@ -86,6 +84,17 @@ def load_study(path="results/aware") -> dict:
 SHIPPED_CACHE = "cache"   # <study>/cache/<part>/<key>.safetensors: cache entries shipped with a study
 
 
+def _study_dir(path) -> Path:
+    """A study folder as given, or relative to the repository when it is not found from here."""
+    path = Path(path)
+    return repo_root() / path if not path.is_absolute() and not path.exists() else path
+
+
+def shipped_cache_entries(study_dir) -> list[Path]:
+    """The cache entries shipped in a study folder (``cache/<part>/<key>.safetensors``), sorted."""
+    return sorted((Path(study_dir) / SHIPPED_CACHE).glob("*/*.safetensors"))
+
+
 def seed_caches(study="results/aware", cache_dir=None) -> list[Path]:
     """Copy the cache entries shipped with a study (its aligned projector,
     ``<study>/cache/projectors/<key>.safetensors``) into the AWARe cache where that key is missing,
@@ -97,11 +106,8 @@ def seed_caches(study="results/aware", cache_dir=None) -> list[Path]:
     from lab._io import CorruptFile, load_tensors, save_tensors
     from lab.experiments.aware.minillava import cache_root
 
-    path = Path(study)
-    if not path.is_absolute() and not path.exists():
-        path = repo_root() / path
     written = []
-    for src in sorted((path / SHIPPED_CACHE).glob("*/*.safetensors")):
+    for src in shipped_cache_entries(_study_dir(study)):
         dest = cache_root(cache_dir) / src.parent.name / src.name
         if dest.exists():
             continue
@@ -495,8 +501,7 @@ def readme_section(study: dict) -> str:
 
 
 def _shipped_cache_line(study: dict) -> list[str]:
-    entries = sorted(p.relative_to(study["path"]).as_posix()
-                     for p in (Path(study["path"]) / SHIPPED_CACHE).glob("*/*.safetensors"))
+    entries = [p.relative_to(study["path"]).as_posix() for p in shipped_cache_entries(study["path"])]
     if not entries:
         return []
     return [f"Shipped beside the tables, outside the manifest: {', '.join(f'`{e}`' for e in entries)}, the study's "
