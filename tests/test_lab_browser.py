@@ -5,8 +5,9 @@ what a student sees: the figure INSIDE the panel redraws (new title or data), no
 anywhere else in the notebook, no figure sits outside the panel in the panel's cell, and the
 browser console stays free of errors. Also measures how long after the control change the panel's
 figure changes (printed; ``-s`` shows it). The same check runs once in Notebook 7 (``lab jupyter
---ui notebook``) on the cheapest panel notebook: same server, kernels and widget manager, a
-different page around them.
+--ui notebook``) on a two-cell notebook that shows notebook 04's panel on the shipped AWARe study:
+same server, kernels and widget manager, a different page around them (the panel's notebook itself
+already ran in JupyterLab above).
 
 Skipped with the reason when /usr/bin/chromium or playwright is missing. Every wait has a limit;
 the server and every kernel it started are stopped by PID in the fixture's teardown.
@@ -44,7 +45,7 @@ RUN_ALL_S = 240           # one notebook's Run All Cells with smoke parameters
 REDRAW_S = 60             # a control change until the panel's figure changes
 PAGE_TIMEOUT_MS = 30_000
 PANEL_NOTEBOOKS = ("01_ventral_vs_prefrontal", "02_tosca_sparsity_orthogonality", "04_aware_ablations")
-NOTEBOOK7_NOTEBOOK = PANEL_NOTEBOOKS[2]  # the cheapest Run All Cells with a panel (measured, smoke parameters)
+NOTEBOOK7_NOTEBOOK = "panel_only"  # notebook 04's panel alone (see _write_panel_notebook)
 
 # JupyterLab settings for the test: every cell stays in the DOM (no windowing) so the page can be
 # inspected whole; no update or news checks (nothing leaves the machine).
@@ -64,6 +65,22 @@ def _get(url: str, timeout: float = 5.0):
         return json.loads(r.read() or b"null")
 
 
+def _write_panel_notebook(folder: Path) -> None:
+    """``panel_only.ipynb``: notebook 04's ablation panel on the shipped AWARe study, nothing else."""
+    import nbformat as nbf
+
+    from lab.jupyter import DEFAULT_KERNEL
+
+    nb = nbf.v4.new_notebook()
+    nb.cells = [nbf.v4.new_markdown_cell("Notebook 04's panel on the shipped study."),
+                nbf.v4.new_code_cell("from lab.experiments.aware import study_views\n"
+                                     "from lab.widgets.aware import AblationPanel\n"
+                                     f"study = study_views.load_study({str(ROOT / 'results' / 'aware')!r})"),
+                nbf.v4.new_code_cell("AblationPanel.from_run(study_views.panel_run(study))")]
+    nb.metadata["kernelspec"] = {"name": DEFAULT_KERNEL, "display_name": DEFAULT_KERNEL, "language": "python"}
+    nbf.write(nb, folder / f"{NOTEBOOK7_NOTEBOOK}.ipynb")
+
+
 def _prepare(folder: Path, names=PANEL_NOTEBOOKS) -> None:
     """Papermill-parameterised (smoke profile), unexecuted copies of the panel notebooks."""
     import papermill
@@ -72,6 +89,9 @@ def _prepare(folder: Path, names=PANEL_NOTEBOOKS) -> None:
     from lab.report import params
 
     for name in names:
+        if name == NOTEBOOK7_NOTEBOOK:
+            _write_panel_notebook(folder)
+            continue
         src = ROOT / "notebooks" / f"{name}.ipynb"
         papermill.execute_notebook(str(src), str(folder / src.name), parameters=params.resolve(src, "smoke"),
                                    prepare_only=True, kernel_name=DEFAULT_KERNEL, progress_bar=False,
