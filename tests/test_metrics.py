@@ -76,6 +76,7 @@ def test_wilson_interval_hand_computed_and_in_the_accuracy_unit():
     assert wilson_interval(0.0, 10)[0] == 0.0
     assert accuracy_with_interval(76.1, 1000) == "76.1 [73.4, 78.6]"
     assert with_interval(float("nan"), 0, 1) == "n/a"
+    assert with_interval(74.04, float("nan"), float("nan")) == "74.0 [no interval]"   # one seed: no interval
     for bad in (dict(accuracy=1.2, n=10), dict(accuracy=0.5, n=0), dict(accuracy=50, n=10)):
         with pytest.raises(ValueError):
             wilson_interval(bad["accuracy"], bad["n"])

@@ -95,9 +95,13 @@ def _format(value: float | int | str) -> str:
 
 
 def with_interval(estimate: float, lo: float, hi: float, digits: int = 1) -> str:
-    """``'76.1 [73.4, 78.6]'``: an estimate with its 95 % interval, as the report index shows one."""
-    if not all(math.isfinite(float(v)) for v in (estimate, lo, hi)):
+    """``'76.1 [73.4, 78.6]'``: an estimate with its 95 % interval, as the report index and the
+    study tables show one; ``'76.1 [no interval]'`` when there is none (e.g. one seed); ``'n/a'``
+    without an estimate."""
+    if not math.isfinite(float(estimate)):
         return "n/a"
+    if not all(math.isfinite(float(v)) for v in (lo, hi)):
+        return f"{estimate:.{digits}f} [no interval]"
     return f"{estimate:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lab.report.notebook import with_interval as _fmt   # one format for an estimate and its 95 % interval
+
 METRIC_NAMES = {"R": "R (upstream retained, %)", "E": "E (downstream vs full FT, %)", "H": "H (harmonic mean)",
                 "downstream": "downstream accuracy", "up_easy_vqa": "easy-VQA accuracy", "up_probe": "probe accuracy"}
 GROUP_TITLES = {"methods": "methods", "rule": "selection rule", "rho": "rho", "targets": "targets",
@@ -153,12 +155,6 @@ def provenance(study: dict) -> str:
     else:
         lines.append("The computing sources (`lab/aware`, `lab/experiments/aware`) match the manifest's hash.")
     return "\n\n".join(lines)
-
-
-def _fmt(est, lo, hi, digits=1):
-    if not np.isfinite(est):
-        return "n/a"
-    return f"{est:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
 def group_rows(study: dict, group: str):
