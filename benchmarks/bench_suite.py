@@ -28,6 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _short(rev: str) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 def _collect(cwd: Path, env: dict) -> list[str]:
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
@@ -67,10 +72,7 @@ def main(argv=None) -> int:
 
     logs = Path(args.logs or tempfile.mkdtemp(prefix="bench-suite-"))
     logs.mkdir(parents=True, exist_ok=True)
-    base = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    base, head = _short(args.base), _short("HEAD")
     with tempfile.TemporaryDirectory(prefix="bench-suite-base-") as tmp:
         old = Path(tmp) / "tree"
         subprocess.run(["git", "worktree", "add", "--detach", "-q", str(old), base], cwd=ROOT, check=True)
