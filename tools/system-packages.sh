@@ -6,6 +6,8 @@
 #
 #   chromium               a browser for kaleido (PNG figures next to the reports) and the browser test
 #   dataset-fashion-mnist  the full Fashion-MNIST (optional: the packaged 7,000-image subset is the default)
+#   python3.X-venv         Debian's venv module for that Python (its `ensurepip`), which the set-up
+#                          needs: the Makefile asks for it only when `python3 -m venv` has failed
 #
 # Idempotent: a package already installed costs one dpkg query. Installs only with apt-get and
 # root or passwordless sudo; otherwise (or when apt-get fails, e.g. offline) it prints one line per
@@ -17,6 +19,7 @@ what_skips() {
   case "$1" in
     chromium) echo "PNG figures in reports/ and the browser test will be skipped" ;;
     dataset-fashion-mnist) echo "tests of the full Fashion-MNIST will be skipped (the packaged subset is used)" ;;
+    python3*-venv) echo "Python cannot make the virtual environment .venv, so the set-up stops" ;;
     *) echo "features that need it will be skipped" ;;
   esac
 }
@@ -56,7 +59,8 @@ fi
 LIMIT=()
 command -v timeout >/dev/null 2>&1 && LIMIT=(timeout 900)  # apt-get has its own network timeouts too
 export DEBIAN_FRONTEND=noninteractive
-echo "Installing ${missing[*]} with apt-get (once; chromium is an ~80 MB download plus libraries) ..." >&2
+note=""; [[ " ${missing[*]} " == *" chromium "* ]] && note="; chromium is an ~80 MB download plus libraries"
+echo "Installing ${missing[*]} with apt-get (once${note}) ..." >&2
 # Package lists first (a fresh image has none); a failed update may still leave usable lists.
 "${LIMIT[@]}" "${SUDO[@]}" apt-get update -q || true
 if ! "${LIMIT[@]}" "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"; then
