@@ -52,6 +52,32 @@ def check(executor: str, address: str | None = None) -> None:
             raise ValueError("executor 'ray' needs Ray: pip install -e '.[scale]' (or pip install ray)") from None
 
 
+def add_arguments(parser, kept: str) -> None:
+    """A command's ``--executor`` / ``--address``; ``kept`` says where finished variants are kept."""
+    parser.add_argument("--executor", default="local", choices=list(EXECUTORS),
+                        help="local: one variant after another (default); ray: one Ray task per variant (pip install -e "
+                             f"'.[scale]'); finished variants are kept in {kept}")
+    parser.add_argument("--address", default=None,
+                        help="join the Ray cluster at this address (e.g. auto or HOST:6379; with --executor ray; "
+                             "default: a local Ray on this machine's cores)")
+
+
+def check_arguments(args) -> None:
+    """``args.executor`` / ``args.address`` of a command line: one line naming the bad one (the
+    command's usage error); nothing is started."""
+    from lab import _validate as V
+
+    if args.address is not None and args.executor != "ray":
+        raise V.bad("--address", args.address, "joins a Ray cluster: needs --executor ray")
+    if args.address is not None and not args.address.strip():
+        raise V.bad("--address", args.address, "give auto, HOST:PORT or ray://HOST:PORT")
+    if args.executor == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise V.bad("--executor", "ray", "needs Ray: pip install -e '.[scale]' (or pip install ray)") from None
+
+
 def _jsonable(x):
     """numpy scalars and arrays as Python numbers and lists (everything else as JSON takes it)."""
     if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:

@@ -188,3 +188,21 @@ def test_aware_tune_on_ray_gives_the_local_tables(two_workers, one_thread, tmp_p
     _same(local["table"], remote["table"])
     _same(local["runs"], remote["runs"])
     assert local["chosen"] == remote["chosen"] and len(list((tmp_path / "ray" / "variants").glob("*.json"))) == 4
+
+
+def test_lab_tosca_sweep_on_ray_gives_the_local_tables(two_workers, tmp_path, monkeypatch, capsys):
+    """`lab tosca --seeds ... --l1 ... --executor ray` (the command line, real cached features)."""
+    from lab.cli import main
+
+    monkeypatch.setenv("LAB_RUNS_DIR", str(tmp_path))
+    argv = ["tosca", "--dataset", "mnist_5k", "--resolution", "64", "--epochs", "1", "--seeds", "1", "2",
+            "--l1", "0", "1e-3", "--routings", "per-sample", "oracle", "--quiet"]
+    tables = {}
+    for executor in ("local", "ray"):
+        extra = ["--executor", "ray", "--address", two_workers] if executor == "ray" else []
+        assert main([*argv, *extra]) == 0
+        folder = Path(capsys.readouterr().out.split("sweep dir: ")[1].split(" (")[0])
+        tables[executor] = (pd.read_parquet(folder / "runs.parquet"), pd.read_parquet(folder / "summary.parquet"))
+        assert len(list((folder / "variants").glob("*.json"))) == 4
+    _same(tables["local"][0], tables["ray"][0])
+    _same(tables["local"][1], tables["ray"][1])

@@ -100,27 +100,16 @@ def register(subparsers) -> None:
 
 
 def executor_args(q) -> None:
-    """``--executor`` / ``--address`` of a sweep (:mod:`lab.executors`)."""
-    q.add_argument("--executor", default="local", choices=["local", "ray"],
-                   help="local: one variant after another (default); ray: one Ray task per variant (pip install -e "
-                        "'.[scale]'); finished variants are kept in RUN_DIR/variants/ and skipped when rerun with --run-dir")
-    q.add_argument("--address", default=None, help="join the Ray cluster at this address (e.g. auto or HOST:6379; "
-                                                   "with --executor ray; default: a local Ray on this machine's cores)")
+    """``--executor`` / ``--address`` of a sweep (:func:`lab.executors.add_arguments`)."""
+    from lab import executors
+
+    executors.add_arguments(q, "RUN_DIR/variants/ and skipped when rerun with --run-dir")
 
 
 def _check_executor(args) -> None:
-    """``--executor`` / ``--address`` (one line naming the bad one; nothing is started)."""
-    from lab import _validate as V
+    from lab import executors
 
-    if args.address is not None and args.executor != "ray":
-        raise V.bad("--address", args.address, "joins a Ray cluster: needs --executor ray")
-    if args.address is not None and not args.address.strip():
-        raise V.bad("--address", args.address, "give auto, HOST:PORT or ray://HOST:PORT")
-    if args.executor == "ray":
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise V.bad("--executor", "ray", "needs Ray: pip install -e '.[scale]' (or pip install ray)") from None
+    executors.check_arguments(args)
 
 
 def check_common(args) -> None:

@@ -39,6 +39,11 @@ task's module as safetensors). --resume DIR continues an interrupted run.
 example:
   lab tosca --dataset fashion_mnist_mini --init 0 --inc 2 --method tosca --routing per-sample
   lab tosca --dataset mnist_5k fashion_mnist_mini --inc 2 --seed 1994     # chained, 10 tasks
+  lab tosca --seeds 1993 1994 1995 --l1 0 5e-4 2e-3 --executor ray     # a sweep: 9 runs, 1 Ray task each
+
+A sweep (several --seeds or --l1 values, or --executor ray) writes into a new folder under
+$LAB_RUNS_DIR or ./runs/tosca-sweep/: runs.parquet (one row per seed, L1 and routing),
+summary.parquet (mean and 95 % t-interval over seeds) and variants/ (one file per finished run, skipped by --resume).
 """
 
 
@@ -67,7 +72,11 @@ def register(subparsers) -> None:
                         "or timm (resize to 224, mean/std 0.5); see lab/backbones.py")
     p.add_argument("--init", type=int, default=0, help="classes in the first task; 0 = same as --inc (default 0)")
     p.add_argument("--inc", type=int, default=2, help="classes per later task (default 2)")
-    p.add_argument("--seed", type=int, default=1993, help="class order and training seed (default 1993)")
+    seeds = p.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=int, default=1993, help="class order and training seed (default 1993)")
+    seeds.add_argument("--seeds", type=int, nargs="+", default=None, metavar="S",
+                       help="several seeds: a sweep, one run per seed (and per --l1 value), summarised with "
+                            "95 %% intervals over seeds")
     p.add_argument("--method", default="tosca", choices=list_methods(), help="method (default tosca)")
     p.add_argument("--routing", default="per-sample", choices=list_routings(), help="headline routing (default per-sample)")
     p.add_argument("--routings", nargs="+", default=["per-sample", "per-batch", "oracle"], choices=list_routings(),
@@ -79,7 +88,8 @@ def register(subparsers) -> None:
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default 0.9)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="SGD weight decay (default 0)")
     p.add_argument("--eta-min", type=float, default=1e-8, help="the cosine schedule's final lr (default 1e-8)")
-    p.add_argument("--l1", type=float, default=5e-4, help="L1 coefficient on the LuCA parameters (default 5e-4)")
+    p.add_argument("--l1", type=float, nargs="+", default=[5e-4], metavar="L1",
+                   help="L1 coefficient on the LuCA parameters (default 5e-4); several values: a sweep over them")
     p.add_argument("--ratio", type=int, default=16, help="LuCA bottleneck r = d // ratio (default 16)")
     p.add_argument("--flow", default="tosca", choices=("tosca", "adapter", "calibrator", "tosca_r"),
                    help="LuCA flow (default tosca; the others are the reference's ablations)")
@@ -101,7 +111,11 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads while training (0 = torch's setting; default 1, see ToscaConfig)")
     p.add_argument("--runs-dir", default=None, help="runs root (default $LAB_RUNS_DIR or ./runs)")
-    p.add_argument("--resume", default=None, metavar="DIR", help="continue an interrupted run in DIR")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue an interrupted run (or sweep: its finished variants are skipped) in DIR")
+    from lab import executors
+
+    executors.add_arguments(p, "SWEEP_DIR/variants/ and skipped by --resume SWEEP_DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_tosca)
 
@@ -110,15 +124,20 @@ def check_args(args) -> None:
     """Every parameter of `lab tosca`, one line naming it on the first bad one; nothing is loaded,
     created or computed (the run itself checks the datasets and weights before its run folder)."""
     from lab import _validate as V
-    from lab import backbones, data, runs
+    from lab import backbones, data, executors, runs
     from lab.cli import check_backbone_args
+
+    from . import sweep
 
     check_backbone_args(args.backbone, args.resolution, args.weights, args.preprocess)
     for d in args.dataset:
         data.dataset_info(d)
     V.count("--init", args.init, minimum=0)
     V.count("--inc", args.inc)
-    V.seed("--seed", args.seed)
+    for s in args.seeds or [args.seed]:
+        V.seed("--seeds" if args.seeds else "--seed", s)
+    if args.seeds and len(set(args.seeds)) < len(args.seeds):
+        raise V.BadInput(f"--seeds {' '.join(map(str, args.seeds))}: lists a seed twice")
     V.count("--epochs", args.epochs)
     V.count("--batch-size", args.batch_size)
     from .methods import METHODS
@@ -127,7 +146,19 @@ def check_args(args) -> None:
         V.learning_rate("--lr", args.lr)
     else:
         V.number("--lr", args.lr, ge=0)
-    V.number("--l1", args.l1, ge=0)
+    for l1 in args.l1:
+        V.number("--l1", l1, ge=0)
+    if len(set(args.l1)) < len(args.l1):
+        raise V.BadInput(f"--l1 {' '.join(map(str, args.l1))}: lists a value twice")
+    if len(args.l1) > 1 and args.method != "tosca":
+        raise V.BadInput(f"--l1 {' '.join(map(str, args.l1))}: sweeps TOSCA's L1; method {args.method} has none")
+    executors.check_arguments(args)
+    if is_sweep(args) and args.resume is None:
+        if args.mode != "cached":
+            raise V.bad("--mode", args.mode, "a sweep (--seeds, several --l1, --executor ray) trains on cached features")
+        if METHODS.info(args.method)["needs_backbone"]:
+            raise V.bad("--method", args.method, "runs the backbone; a sweep (--seeds, several --l1, --executor "
+                                                 "ray) needs a method on cached features")
     V.number("--momentum", args.momentum, ge=0)
     V.number("--weight-decay", args.weight_decay, ge=0)
     V.number("--eta-min", args.eta_min, ge=0)
@@ -141,21 +172,61 @@ def check_args(args) -> None:
         raise V.bad("--engine", args.engine, "needs --device cuda")
     if args.resume is not None:
         folder = V.in_dir("--resume", args.resume)
-        if not (folder / "config.json").is_file():
-            raise V.bad("--resume", args.resume, "is not a tosca run folder (no config.json)")
+        if not ((folder / "config.json").is_file() or (folder / sweep.MANIFEST).is_file()):
+            raise V.bad("--resume", args.resume, f"is not a tosca run or sweep folder (no config.json, "
+                                                 f"no {sweep.MANIFEST})")
         V.out_dir("--resume", folder)
         runs.check_unlocked(folder)
     else:
         runs.check_root("tosca", args.runs_dir)
 
 
+def is_sweep(args) -> bool:
+    """Several seeds or L1 values, Ray, or resuming a sweep folder: run as a sweep (lab.experiments.tosca.sweep)."""
+    from pathlib import Path
+
+    from .sweep import MANIFEST
+
+    if args.resume is not None:
+        return (Path(args.resume) / MANIFEST).is_file()
+    return bool(args.seeds) or len(args.l1) > 1 or args.executor == "ray"
+
+
 def cmd_tosca(args) -> int:
-    from .run import RunConfig, run
+    from .run import run
 
     check_args(args)
+    if is_sweep(args):
+        return cmd_sweep(args)
     cfg = config_from_args(args)
     res = run(cfg, runs_root=args.runs_dir, resume=args.resume, progress=not args.quiet)
     print(format_summary(res))
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from pathlib import Path
+
+    from lab import runs
+
+    from . import sweep
+
+    if args.resume is not None:
+        folder = Path(args.resume)
+        base, seeds, l1s = sweep.read_manifest(folder)
+    else:
+        base, seeds, l1s = config_from_args(args), args.seeds or [args.seed], args.l1
+        folder = runs.new_run_dir("tosca-sweep", f"{base.method}-{'+'.join(base.datasets)}", root=args.runs_dir)
+        sweep.write_manifest(folder, base, seeds, l1s, args.executor)
+    lock = runs.lock(folder)
+    try:
+        print(f"sweep: {len(seeds)} seed(s) x {len(l1s)} L1 value(s) = {len(seeds) * len(l1s)} runs "
+              f"({args.executor}) into {folder}", flush=True)
+        _, summary = sweep.run_sweep(base, seeds, l1s, folder, executor=args.executor, address=args.address,
+                                     log=None if args.quiet else print)
+    finally:
+        lock.unlink(missing_ok=True)
+    print(sweep.format_summary(summary, folder))
     return 0
 
 
@@ -168,6 +239,7 @@ def config_from_args(args):
     given = {f.name: getattr(args, f.name) for f in fields(RunConfig) if hasattr(args, f.name)}
     given["datasets"] = tuple(args.dataset)
     given["routings"] = tuple(args.routings)
+    given["l1"] = args.l1[0]
     return RunConfig(**given)
 
 

@@ -203,7 +203,7 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    sources = sources_sha256(unhashed=("results.py",))
+    sources = sources_sha256(unhashed=("results.py", "cli.py", "sweep.py"))   # what the measurement runs
     load_before = list(os.getloadavg())  # a shared machine: other work slows every setting
     t0 = time.perf_counter()
     params = pd.DataFrame([parameter_row(b) for b in (VIT_B, LITE0)])

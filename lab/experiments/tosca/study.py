@@ -45,9 +45,10 @@ INITS = (("reference", "reference"), ("uniform", "xavier"), ("uniform", "referen
 ABLATION_FLOWS = ("adapter", "calibrator", "tosca_r")  # beside 'tosca' (lab.tosca.luca.FLOWS)
 METRICS = ("avg_inc_acc", "last_acc", "routing_accuracy_last", "routing_accuracy_mean")
 KEYS = ["scenario", "method", "flow", "head_init", "luca_init", "routing"]
-# not hashed for this study: the reader of the shipped tables and the efficiency measurement
-# (neither produces a number of the study; efficiency.py's own manifest hashes it)
-UNHASHED = ("results.py", "efficiency.py")
+# not hashed for this study: the reader of the shipped tables, the efficiency measurement (efficiency.py's
+# own manifest hashes it), the `lab tosca` command line and its seed / L1 sweep (the study calls
+# run.py directly): none of them produces a number of the study
+UNHASHED = ("results.py", "efficiency.py", "cli.py", "sweep.py")
 
 
 def variants(base: RunConfig, *, scenarios, seeds, baselines=BASELINES, inits=INITS, routings=None,

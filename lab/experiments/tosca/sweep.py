@@ -1,0 +1,112 @@
+"""``lab tosca --seeds ... --l1 ...``: one scenario, several seeds and L1 coefficients, as a sweep.
+
+Every (seed, L1) pair is one variant, a frozen :class:`~lab.experiments.tosca.run.RunConfig`,
+run by :mod:`lab.executors` — one after another here (``local``) or one Ray task each (``ray``).
+Each variant trains once and is evaluated under every router in ``routings`` (a router costs no
+training, so a router sweep is free). Written into the sweep's folder:
+
+* ``variants/<key>.json``  one per finished variant; a sweep started again on the same folder
+                           (``lab tosca --resume DIR``) skips them
+* ``runs.parquet``         tidy: one row per (seed, l1, routing): Ā, A_B, routing accuracy (%)
+* ``summary.parquet``      per (method, l1, routing): seeds, mean and the 95 % t-interval over seeds
+* ``sweep.json``           the base config, the seeds and L1 values, the executor
+
+    lab tosca --seeds 1993 1994 1995 --l1 0 5e-4 2e-3 --routings per-sample oracle
+    lab tosca --seeds 1993 1994 1995 --l1 0 5e-4 --executor ray            # a local Ray, 1 CPU per variant
+    lab tosca --resume runs/tosca-sweep/<folder>                           # after a kill: the rest only
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from .run import RunConfig
+
+KEYS = ["method", "l1", "routing"]
+METRICS = ("avg_inc_acc", "last_acc", "routing_accuracy_last")
+MANIFEST = "sweep.json"
+
+
+def configs(base: RunConfig, seeds, l1s) -> list[RunConfig]:
+    """The variants: every seed with every L1 coefficient (seed-major, as they are listed)."""
+    return [replace(base, seed=int(s), l1=float(l)) for s in seeds for l in l1s]
+
+
+def run_variant(cfg: RunConfig, runs_root: str) -> list[dict]:
+    """One variant (what an executor runs): the study's tidy rows with its L1 coefficient."""
+    from .study import run_one
+
+    return [{**row, "l1": cfg.l1} for row in run_one(cfg, runs_root)]
+
+
+def summarise(runs):
+    """Mean and 95 % t-interval over seeds of each metric, per (method, l1, routing)."""
+    import pandas as pd
+
+    from .study import t_interval
+
+    out = []
+    for key, g in runs.groupby(KEYS, sort=False, dropna=False):
+        row = dict(zip(KEYS, key), seeds=g["seed"].nunique())
+        for m in METRICS:
+            row[m], half = t_interval(g[m])
+            row[f"{m}_lo"], row[f"{m}_hi"] = row[m] - half, row[m] + half
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def write_manifest(folder: Path, base: RunConfig, seeds, l1s, executor: str) -> None:
+    from lab._io import write_json
+
+    write_json(folder / MANIFEST, {"base_config": asdict(base), "seeds": [int(s) for s in seeds],
+                                   "l1": [float(x) for x in l1s], "executor": executor})
+
+
+def read_manifest(folder: Path) -> tuple[RunConfig, list[int], list[float]]:
+    """(base config, seeds, L1 values) of the sweep in ``folder`` (to resume it)."""
+    from lab._io import read_json
+
+    m = read_json(Path(folder) / MANIFEST)
+    base = m["base_config"]
+    base.update(datasets=tuple(base["datasets"]), routings=tuple(base["routings"]))
+    return RunConfig(**base), m["seeds"], m["l1"]
+
+
+def run_sweep(base: RunConfig, seeds, l1s, folder: Path, *, executor: str = "local", address: str | None = None,
+              log=print):
+    """Run (or finish) the sweep in ``folder``; return ``(runs, summary)`` and write them there
+    (parquet; CSV without pyarrow)."""
+    import pandas as pd
+
+    from lab import executors
+    from lab._io import write_table
+
+    from . import study
+
+    folder = Path(folder)
+    todo = configs(base, seeds, l1s)
+    jobs = [executors.Job(executors.key(f"{c.method}-s{c.seed}-l1={c.l1:g}", c), run_variant, c,
+                          **executors.resources(c.device, max(1, c.threads))) for c in todo]
+    study._data(todo[0], study._DATA)   # the features once, here: Ray workers then only read the cache
+    try:
+        results = executors.run(jobs, executor=executor, address=address, shared=(str(folder / "runs"),),
+                                results_dir=folder / "variants", log=log)
+    finally:
+        study._DATA.clear()
+    runs = pd.DataFrame([row for rows in results for row in rows])
+    summary = summarise(runs)
+    write_table(folder / "runs", runs)
+    write_table(folder / "summary", summary)
+    return runs, summary
+
+
+def format_summary(summary, folder: Path) -> str:
+    """The summary table (each number with its 95 % interval over seeds) and where it was written."""
+    from lab.report import with_interval
+
+    names = {"avg_inc_acc": "Ā", "last_acc": "A_B", "routing_accuracy_last": "route_acc"}
+    table = summary[KEYS + ["seeds"]].copy()
+    for m, label in names.items():
+        table[label] = [with_interval(r[m], r[f"{m}_lo"], r[f"{m}_hi"]) for _, r in summary.iterrows()]
+    return "\n".join([table.to_string(index=False), "(mean over seeds [95 % t-interval]; percent)",
+                      f"sweep dir: {folder} (runs and summary tables; after a kill: lab tosca --resume {folder})"])
