@@ -195,7 +195,7 @@ def test_lab_tosca_sweep_on_ray_gives_the_local_tables(two_workers, tmp_path, mo
     from lab.cli import main
 
     monkeypatch.setenv("LAB_RUNS_DIR", str(tmp_path))
-    argv = ["tosca", "--dataset", "mnist_5k", "--resolution", "64", "--epochs", "1", "--seeds", "1", "2",
+    argv = ["tosca", "--dataset", "mnist_5k", "--resolution", "64", "--inc", "5", "--epochs", "1", "--seeds", "1", "2",
             "--l1", "0", "1e-3", "--routings", "per-sample", "oracle", "--quiet"]
     tables = {}
     for executor in ("local", "ray"):

@@ -1,13 +1,13 @@
 """`lab tosca --seeds ... --l1 ...`: a sweep through the command line on real cached features
-(MNIST-5k at 64 px through EfficientNet-Lite0, the notebooks' smoke scenario): one variant per
-(seed, L1), the same numbers as the single runs, intervals over seeds, and a resumed sweep runs only
-what is missing."""
+(MNIST-5k at 64 px through EfficientNet-Lite0, as in the notebooks' smoke runs; two tasks of 5
+classes): one variant per (seed, L1), the same numbers as the single runs, intervals over seeds, and
+a resumed sweep runs only what is missing."""
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-SCENARIO = ["--dataset", "mnist_5k", "--resolution", "64", "--inc", "2", "--epochs", "1",
+SCENARIO = ["--dataset", "mnist_5k", "--resolution", "64", "--inc", "5", "--epochs", "1",
             "--routings", "per-sample", "oracle", "--quiet"]
 TIMING = ["seconds", "train_s"]
 
