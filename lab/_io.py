@@ -92,6 +92,17 @@ def read_json(path: str | os.PathLike) -> Any:
         raise CorruptFile(f"{path}: invalid JSON ({exc})") from exc
 
 
+def read_csv(path: str | os.PathLike, **kw):
+    """``pandas.read_csv`` with every float read back exactly as written (pandas 3 does that by
+    default; pandas 2's default parser may be off in the last bit, enough to flip a value that sits
+    on a rounding boundary — a shipped interval bound of exactly -0.0625 printed as -6.2 or -6.3)."""
+    import pandas as pd
+
+    if int(pd.__version__.split(".")[0]) < 3:
+        kw.setdefault("float_precision", "round_trip")
+    return pd.read_csv(path, **kw)
+
+
 def write_table(path: str | os.PathLike, df) -> Path:
     """Write a DataFrame as ``<path>.parquet`` (or ``.csv`` when pyarrow is missing); return the path."""
     path = Path(path)

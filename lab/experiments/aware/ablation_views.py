@@ -47,7 +47,7 @@ def _reference_first(results):
     """Each group's reference row (the main AWARe run, repeated by the runner with ``shared=True``)
     first, labelled with its real calibration size."""
     df = results.copy()
-    shared = df["shared"].fillna(False).astype(bool) if "shared" in df else np.zeros(len(df), bool)
+    shared = df["shared"].eq(True).to_numpy() if "shared" in df else np.zeros(len(df), bool)   # NaN: not shared
     fix = shared & (df.group == "calib_size")
     df.loc[fix, "variant"] = [f"n={int(n)}" for n in df.loc[fix, "calib_n"]]
     groups = list(dict.fromkeys(df.group))
@@ -292,7 +292,7 @@ def describe_ablation(run: dict) -> str:
 def run_info(run: dict) -> str:
     """One line: where the run lives, how many fine-tuning runs it holds, and its timings."""
     res = run["results"]
-    own = ~res["shared"].fillna(False).astype(bool) if "shared" in res else np.ones(len(res), bool)
+    own = ~res["shared"].eq(True).to_numpy() if "shared" in res else np.ones(len(res), bool)   # NaN: its own
     times = run["config"].get("timings", {})
     steps = res[own & res.step_s.notna()] if "step_s" in res else res.iloc[:0]
     per_step = (f"; median training step {steps.step_s.median():.2f} s, {steps.train_s.median():.0f} s per run"

@@ -68,7 +68,7 @@ def load_study(path="results/aware") -> dict:
     differ from the ones the study was produced with (empty: the code is the study's)."""
     import pandas as pd
 
-    from lab._io import read_json
+    from lab._io import read_csv, read_json
     from lab.experiments.aware.shipped import changed_sources
 
     path = _study_dir(path)
@@ -79,7 +79,7 @@ def load_study(path="results/aware") -> dict:
     for name in man["tables"]:
         f = path / name
         if name.endswith((".csv", ".parquet")):
-            out[Path(name).stem] = pd.read_parquet(f) if name.endswith(".parquet") else pd.read_csv(f)
+            out[Path(name).stem] = pd.read_parquet(f) if name.endswith(".parquet") else read_csv(f)
     return out
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from lab._io import read_csv
+
 from .study import t_interval
 
 RESULTS = Path(__file__).resolve().parents[3] / "results" / "tosca"
@@ -54,13 +56,13 @@ def load(folder=None) -> Shipped:
     if not (folder / "manifest.json").is_file():
         raise FileNotFoundError(f"no shipped TOSCA study in {folder}: run "
                                 f"`python -m lab.experiments.tosca.study --out {folder}`")
-    runs = pd.read_csv(folder / "runs.csv", keep_default_na=False, na_values=[""])
+    runs = read_csv(folder / "runs.csv", keep_default_na=False, na_values=[""])
     for k in ("flow", "head_init", "luca_init"):
         runs[k] = runs[k].fillna("")
     out = Shipped(folder, runs, json.loads((folder / "manifest.json").read_text()))
     if (folder / "efficiency_manifest.json").is_file():
-        out.efficiency_params = pd.read_csv(folder / "efficiency_params.csv")
-        out.efficiency_time = pd.read_csv(folder / "efficiency_time.csv")
+        out.efficiency_params = read_csv(folder / "efficiency_params.csv")
+        out.efficiency_time = read_csv(folder / "efficiency_time.csv")
         out.efficiency_manifest = json.loads((folder / "efficiency_manifest.json").read_text())
     return out
 
