@@ -9,17 +9,18 @@ HAS_BROWSER := $(BIN)/python -c "import sys; from lab.report.notebook import fin
 
 .PHONY: setup browser report test lab
 
-## Bytecode: pip installs with --no-compile (compiling all ~22,000 files costs ~55 s on one core,
-## ~29 s with compileall on two), and Python compiles only what is imported, once, on first import
-## (~7,000 files for the whole test suite; ~8 s spread over the first runs). That needs bytecode
-## caching on, Python's default: a machine that sets PYTHONDONTWRITEBYTECODE would make every
-## Python start re-compile torch, transformers and Jupyter, so these recipes do not pass it on.
+## Bytecode: nothing is compiled at install (uv never does; pip gets --no-compile). Compiling all
+## ~22,000 files costs ~55 s on one core, ~29 s with compileall on two; instead Python compiles only
+## what is imported, once, on first import (~7,000 files for the whole test suite; ~8 s spread over
+## the first runs). That needs bytecode caching on, Python's default: a machine that sets
+## PYTHONDONTWRITEBYTECODE would make every Python start re-compile torch, transformers and
+## Jupyter, so these recipes do not pass it on.
 unexport PYTHONDONTWRITEBYTECODE
 
-## Packages go in with uv: from an empty cache it installs the ~7 GB in ~20 s where pip takes ~60 s
-## (it downloads and unpacks in parallel). uv reads its own settings (UV_INDEX_URL, ...), not pip's,
-## apart from pip's constraint files, which it is given here (a machine may cap versions that way);
-## if uv fails (say, only a pip-configured mirror is reachable), pip does the same install.
+## Packages go in with uv: from an empty cache it installs the ~7 GB in 20 to 35 s where pip took
+## 55 to 75 s (it downloads and unpacks in parallel). uv reads its own settings (UV_INDEX_URL, ...),
+## not pip's, apart from pip's constraint files, which it is given here (a machine may cap versions
+## that way); if uv fails (say, only a pip-configured mirror is reachable), pip does the same install.
 # Debian/Ubuntu ship Python's venv module (ensurepip) apart: python3.X-venv, added when venv fails.
 VENV_PACKAGE = $$($(PY) -c 'import sys; print("python%d.%d-venv" % sys.version_info[:2])')
 # pip's constraint files, from every place pip reads settings (its config files, PIP_CONSTRAINT)
