@@ -43,7 +43,8 @@ example:
 
 A sweep (several --seeds or --l1 values, or --executor ray) writes into a new folder under
 $LAB_RUNS_DIR or ./runs/tosca-sweep/: runs.parquet (one row per seed, L1 and routing),
-summary.parquet (mean and 95 % t-interval over seeds) and variants/ (one file per finished run, skipped by --resume).
+summary.parquet (mean and 95 % t-interval over seeds) and variants/ (one file per finished run,
+skipped by --resume).
 """
 
 
@@ -225,6 +226,7 @@ def cmd_sweep(args) -> int:
         _, summary = sweep.run_sweep(base, seeds, l1s, folder, executor=args.executor, address=args.address,
                                      log=None if args.quiet else print)
     finally:
+        runs.set_active(folder)        # an interrupted sweep resumes as a sweep, not as its last run
         lock.unlink(missing_ok=True)
     print(sweep.format_summary(summary, folder))
     return 0

@@ -66,3 +66,21 @@ def test_a_resumed_sweep_runs_only_the_missing_variants(lab_main, capsys, tmp_pa
     assert out.count("skipped") == 1 and kept.stat().st_mtime_ns == before and lost.exists()
     again = pd.read_parquet(folder / "runs.parquet")
     pd.testing.assert_frame_equal(first.drop(columns=TIMING), again.drop(columns=TIMING))
+
+
+def test_ctrl_c_in_a_sweep_names_the_sweep_folder_to_resume(lab_main, capsys, tmp_path, monkeypatch):
+    """Ctrl-C while a variant runs (inside its own run folder): the line names the sweep's folder."""
+    from lab import runs
+    from lab.experiments.tosca import study
+
+    def interrupted(cfg, runs_root, data=None):
+        runs.new_run_dir("tosca", "variant", root=runs_root)       # where a variant's run writes
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("LAB_RUNS_DIR", str(tmp_path))
+    monkeypatch.setattr(study, "run_one", interrupted)
+    assert lab_main(["tosca", *SCENARIO, "--seeds", "5", "6"]) == 130
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    (folder,) = (tmp_path / "tosca-sweep").iterdir()
+    assert line.endswith(f"--resume {folder}") and "--seeds 5 6" in line, line
+    assert not (folder / ".lock").exists()
