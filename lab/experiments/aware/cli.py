@@ -106,12 +106,6 @@ def executor_args(q) -> None:
     executors.add_arguments(q, "RUN_DIR/variants/ and skipped when rerun with --run-dir")
 
 
-def _check_executor(args) -> None:
-    from lab import executors
-
-    executors.check_arguments(args)
-
-
 def check_common(args) -> None:
     """The options every `lab aware` action shares (one line naming the first bad one)."""
     import os
@@ -304,13 +298,14 @@ def cmd_finetune(args) -> int:
 
 def cmd_ablate(args) -> int:
     from lab import _validate as V
+    from lab import executors
     from lab.experiments.aware.ablate import summary, sweep
 
     check_common(args)
     for s in args.seeds or ():
         V.seed("--seeds", s)
     _run_dir_check(args)
-    _check_executor(args)
+    executors.check_arguments(args)
     ctx = _ctx(args)
     out = sweep(ctx, seeds=tuple(args.seeds) if args.seeds else None,
                 groups=tuple(args.groups) if args.groups else None, task=args.task,
@@ -354,6 +349,7 @@ def _grids(specs) -> dict | None:
 
 def cmd_tune(args) -> int:
     from lab import _validate as V
+    from lab import executors
     from lab.experiments.aware.context import setup
     from lab.experiments.aware.tune import GRIDS, check_grids, flags, tune
 
@@ -363,7 +359,7 @@ def cmd_tune(args) -> int:
     for s in args.seeds:
         V.seed("--seeds", s)
     _run_dir_check(args)
-    _check_executor(args)
+    executors.check_arguments(args)
     size = _size(args)
     _check_n_val(args, size)
     _threads()

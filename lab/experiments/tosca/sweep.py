@@ -87,7 +87,8 @@ def run_sweep(base: RunConfig, seeds, l1s, folder: Path, *, executor: str = "loc
     todo = configs(base, seeds, l1s)
     jobs = [executors.Job(executors.key(f"{c.method}-s{c.seed}-l1={c.l1:g}", c), run_variant, c,
                           **executors.resources(c.device, max(1, c.threads))) for c in todo]
-    study._data(todo[0], study._DATA)   # the features once, here: Ray workers then only read the cache
+    if executor == "ray":    # the features once, here, so that Ray workers only read the cache
+        study._data(todo[0], {})
     try:
         results = executors.run(jobs, executor=executor, address=address, shared=(str(folder / "runs"),),
                                 results_dir=folder / "variants", log=log)
