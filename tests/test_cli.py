@@ -36,20 +36,10 @@ def test_features_bad_input_is_a_clear_error(args, msg, capsys):
     assert msg in capsys.readouterr().err
 
 
-def test_features_builds_then_hits_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
-    args = ["features", "--backbone", "vit_tiny_patch16_224", "--dataset", "fashion_mnist_mini", "--resolution", "32",
-            "--splits", "test", "--quiet"]
-    first = run(*args)
-    assert first.returncode == 0, first.stderr
-    assert "extracted" in first.stdout and "images/s" in first.stdout
-    second = run(*args)
-    assert "cache hit" in second.stdout
-
-
-def test_features_weights_flag_goes_to_the_same_loader(tmp_path, monkeypatch):
-    """--weights FILE loads through the backbone's own loader: the packaged file given explicitly
-    is the same weights (same cache key) as the default."""
+def test_features_builds_then_hits_cache_also_with_the_weights_given_explicitly(tmp_path, monkeypatch):
+    """The first call extracts, the same call again is a cache hit, and ``--weights FILE`` loads
+    through the backbone's own loader: the packaged file given explicitly is the same weights (the
+    same cache key) as the default."""
     from lab import backbones
 
     path = backbones._lite0_file()
@@ -58,9 +48,12 @@ def test_features_weights_flag_goes_to_the_same_loader(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_CACHE_DIR", str(tmp_path))
     args = ["features", "--dataset", "fashion_mnist_mini", "--resolution", "32", "--splits", "test", "--quiet"]
     first = run(*args)
-    assert first.returncode == 0 and "extracted" in first.stdout, first.stderr
-    second = run(*args, "--weights", str(path))
+    assert first.returncode == 0, first.stderr
+    assert "extracted" in first.stdout and "images/s" in first.stdout
+    second = run(*args)
     assert second.returncode == 0 and "cache hit" in second.stdout, second.stderr
+    third = run(*args, "--weights", str(path))
+    assert third.returncode == 0 and "cache hit" in third.stdout, third.stderr
 
 
 def test_errors_are_one_line_without_usage(capsys):

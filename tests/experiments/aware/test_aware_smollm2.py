@@ -1,5 +1,5 @@
 """The real offline language model (SmolLM2-135M-Instruct GGUF): loading, chat format, AWARe step,
-standard checkpoint. Slow (~30-60 s on 2 cores): the GGUF is de-quantised on first load."""
+standard checkpoint. Slow (~30-60 s on 2 cores in a cold cache): the GGUF is de-quantised on first load."""
 from __future__ import annotations
 
 import pytest
@@ -17,8 +17,17 @@ def smol(tmp_path_factory):
         smollm2_gguf()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    # a fresh cache: exercises the GGUF path and the plain-checkpoint copy written after it
-    return load_language_model(cache_dir=tmp_path_factory.mktemp("cache"))
+    # The user's cache, shared with the other tests: in a cold cache (CI, a fresh clone) this first
+    # load goes through the GGUF path and writes the plain checkpoint every later load reads, so a
+    # test run de-quantises the GGUF once, not once per test module that needs the model.
+    return load_language_model()
+
+
+def test_the_first_load_leaves_a_plain_checkpoint_in_the_cache(smol):
+    from lab.experiments.aware.minillava import SMOLLM2, cache_root
+
+    plain = cache_root() / "models" / SMOLLM2
+    assert (plain / "model.safetensors").is_file() and (plain / "tokenizer_config.json").is_file()
 
 
 def test_smollm2_is_a_standard_llama(smol, tmp_path):
