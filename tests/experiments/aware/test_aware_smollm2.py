@@ -9,17 +9,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def smol(tmp_path_factory):
-    pytest.importorskip("gguf")
-    from lab.experiments.aware.minillava import load_language_model, smollm2_gguf
+def smol(smollm2_in_cache):
+    # The user's cache, shared with the other tests (conftest.smollm2_in_cache): in a cold cache (CI,
+    # a fresh clone) the run's first load goes through the GGUF path and writes the plain checkpoint
+    # every later load reads, so a test run de-quantises the GGUF once.
+    from lab.experiments.aware.minillava import load_language_model
 
-    try:
-        smollm2_gguf()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    # The user's cache, shared with the other tests: in a cold cache (CI, a fresh clone) this first
-    # load goes through the GGUF path and writes the plain checkpoint every later load reads, so a
-    # test run de-quantises the GGUF once, not once per test module that needs the model.
     return load_language_model()
 
 

@@ -75,7 +75,7 @@ def test_a_toy_method_and_rule_run_through_a_sweep(toys, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_toy_method_and_rule_run_through_lab_aware_finetune(toys, capsys, tmp_path, monkeypatch):
+def test_a_toy_method_and_rule_run_through_lab_aware_finetune(toys, smollm2_in_cache, capsys, tmp_path, monkeypatch):
     """The command line offers registered entries by name (smoke size, the real SmolLM2 mini-LLaVA)."""
     pytest.importorskip("gguf")
     from lab.cli import main
