@@ -27,7 +27,10 @@ Preprocessing (``preprocess=``, CLI ``--preprocess``) on the ViT path:
                         torchvision's PIL path; tests/test_standins.py checks it).
 ``timm``                 straight resize to R (bilinear) and timm's mean/std 0.5 normalisation.
 
-EfficientNet-Lite0 has one preprocessing, its package's: x = (pixel - 127) / 128.
+EfficientNet-Lite0 has one preprocessing, its package's: x = (pixel - 127) / 128. Its weights file
+is read and checked by :func:`load`, but the network is built on first use of ``Backbone.model``:
+features come from the cache keyed by the backbone's identity, so a run on cached features never
+builds it (nor imports timm).
 Devices: ``load(..., device=)`` or ``Backbone.to``; inputs follow the model to its device, and
 :meth:`Backbone.autocast` is bf16 on CUDA, a no-op (float32) on the CPU.
 """

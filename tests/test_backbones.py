@@ -86,3 +86,31 @@ def test_vit_base_offline_fails_fast_with_instructions(monkeypatch, tmp_path):
 @pytest.mark.parametrize("name", ["efficientnet_lite0", "vit_tiny_patch16_224"])
 def test_param_count_matches_the_loaded_model(name):
     assert backbones.param_count(name) == backbones.load(name).num_params
+
+
+def test_lite0_builds_its_network_only_when_used(tmp_path):
+    """A cache hit needs the backbone's identity, not its network: extracting cached features leaves
+    the model unbuilt; the first use builds it (frozen, eval mode, on the device asked for before)
+    and it reproduces the cached features."""
+    from lab import features
+
+    first = features.extract("efficientnet_lite0", "fashion_mnist_mini", "test", resolution=32, progress=False,
+                             cache_dir=tmp_path)
+    bb = backbones.load("efficientnet_lite0", resolution=32).to("cpu")
+    assert not bb.built and bb.feature_dim == 1280 and bb.device == torch.device("cpu") and bb.precision() == "fp32"
+    again = features.extract(bb, "fashion_mnist_mini", "test", progress=False, cache_dir=tmp_path)
+    assert again.cache_hit and not bb.built and torch.equal(again.features, first.features)
+    from lab.data import load_dataset
+
+    images = load_dataset("fashion_mnist_mini").split("test").images[:16]
+    with torch.inference_mode():
+        fresh = bb.features(bb.preprocess(images))
+    assert bb.built and not bb.model.training and not any(p.requires_grad for p in bb.model.parameters())
+    torch.testing.assert_close(fresh, first.features[:16], rtol=1e-4, atol=1e-4)
+
+
+def test_lite0_weights_that_are_not_lite0_fail_at_load(tmp_path):
+    bad = tmp_path / "other.pth"
+    torch.save({"w": torch.zeros(3)}, bad)
+    with pytest.raises(backbones.WeightsUnavailable, match="holds 1 tensors"):
+        backbones.load("efficientnet_lite0", weights=str(bad))
