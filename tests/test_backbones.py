@@ -100,6 +100,9 @@ def test_lite0_builds_its_network_only_when_used(tmp_path):
     assert not bb.built and bb.feature_dim == 1280 and bb.device == torch.device("cpu") and bb.precision() == "fp32"
     again = features.extract(bb, "fashion_mnist_mini", "test", progress=False, cache_dir=tmp_path)
     assert again.cache_hit and not bb.built and torch.equal(again.features, first.features)
+    import pickle
+
+    assert not pickle.loads(pickle.dumps(bb)).built          # an unbuilt backbone travels (Ray, spawn)
     from lab.data import load_dataset
 
     images = load_dataset("fashion_mnist_mini").split("test").images[:16]
