@@ -42,7 +42,7 @@ import importlib.util
 import operator
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from lab._registry import Registry
@@ -113,11 +113,11 @@ class Backbone:
     kind: str  # "cnn" | "vit"
     transform: str = "package"  # "reference" | "timm" (ViT) | "package" (EfficientNet-Lite0)
 
-    # --- device ---------------------------------------------------------------------------
     def __repr__(self) -> str:
         return (f"Backbone({self.name!r}, resolution={self.resolution}, weights_id={self.weights_id!r}, "
                 f"transform={self.transform!r}, built={self.built})")
 
+    # --- device ---------------------------------------------------------------------------
     @property
     def built(self) -> bool:
         """Whether the network exists yet (entries may defer it until ``model`` is first used)."""
