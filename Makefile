@@ -18,9 +18,10 @@ HAS_BROWSER := $(BIN)/python -c "import sys; from lab.report.notebook import fin
 unexport PYTHONDONTWRITEBYTECODE
 
 ## Packages go in with uv: side by side on fresh clones with empty caches, venv and packages took
-## 21.9 s with uv and 61.2 s with pip (uv downloads and unpacks in parallel). uv reads its own settings (UV_INDEX_URL, ...),
-## not pip's, apart from pip's constraint files, which it is given here (a machine may cap versions
-## that way); if uv fails (say, only a pip-configured mirror is reachable), pip does the same install.
+## 21.9 s with uv and 61.2 s with pip (uv downloads and unpacks in parallel). uv reads its own
+## settings (UV_INDEX_URL, ...), not pip's, apart from pip's constraint files, which it is given here
+## (a machine may cap versions that way); if uv fails (say, only a pip-configured mirror is
+## reachable), pip does the same install.
 # Debian/Ubuntu ship Python's venv module (ensurepip) apart: python3.X-venv, added when venv fails.
 VENV_PACKAGE = $$($(PY) -c 'import sys; print("python%d.%d-venv" % sys.version_info[:2])')
 # pip's constraint files, from every place pip reads settings (its config files, PIP_CONSTRAINT)
