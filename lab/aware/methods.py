@@ -69,7 +69,16 @@ class MethodSpec:
 
 
 class Method:
-    """One fine-tuning method. ``prepare`` receives a fully frozen model."""
+    """One fine-tuning method. ``prepare`` receives a fully frozen model.
+
+    ``lr_field``: the field of the training recipe that sets this method's language-model (or
+    adapter) learning rate (None: nothing trains); ``grid``: the candidate rates a study tunes it
+    over; ``role``: ``"reference"`` (E is relative to it: full fine-tuning), ``"baseline"``,
+    ``"method"`` or ``"none"`` (nothing trains)."""
+
+    lr_field: str | None = None
+    grid: tuple[float, ...] = ()
+    role: str = "baseline"
 
     def needs_saliency(self, spec: MethodSpec) -> bool:
         """Whether :meth:`prepare` needs an activation profile of the base model for ``spec``."""
@@ -113,12 +122,16 @@ def matched_lora_rank(model: nn.Module, aware: AwareConfig) -> int:
 
 @register_method("zero-shot")
 class ZeroShot(Method):
+    role = "none"
+
     def prepare(self, model, spec, cfg, saliency=None):
         return model, [], {}
 
 
 @register_method("full")
 class Full(Method):
+    lr_field, grid, role = "lr", (2e-5, 5e-5, 1e-4), "reference"
+
     def prepare(self, model, spec, cfg, saliency=None):
         vision = re.compile(VISION_EXCLUDE)
         for n, p in model.named_parameters():   # everything but an image encoder (a hub LLaVA's CLIP)
@@ -128,14 +141,17 @@ class Full(Method):
 
 class _LoRA(Method):
     dora = False
+    lr_field, grid = "lr_adapter", (1e-4, 3e-4, 1e-3)
 
     def prepare(self, model, spec, cfg, saliency=None):
         from peft import LoraConfig, get_peft_model
 
         rank = spec.lora_rank or matched_lora_rank(model, spec.aware)
         lm_layers, proj_layers = _split_targets(model, spec.aware)
-        model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
-                                                 target_modules=list(lm_layers), use_dora=self.dora))
+        with torch.random.fork_rng(devices=[]):   # lora_A from the run's own seed, whatever ran before
+            torch.manual_seed(int(getattr(cfg, "seed", 0)))
+            model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                                     target_modules=list(lm_layers), use_dora=self.dora))
         for name in proj_layers:   # LLaVA's LoRA recipe: the projector itself trains fully
             for p in model.get_submodule("base_model.model." + name).parameters():
                 p.requires_grad_(True)
@@ -157,6 +173,8 @@ class DoRA(_LoRA):
 
 @register_method("aware")
 class Aware(Method):
+    lr_field, grid, role = "lr_aware", (5e-5, 1.5e-4, 5e-4), "method"
+
     def needs_saliency(self, spec):
         return needs_saliency(spec.aware.rule)
 
@@ -192,6 +210,11 @@ def prepare(model: nn.Module, spec: MethodSpec, cfg: Any, *,
 def finish(model: nn.Module, method: str) -> nn.Module:
     """Back to a standard model (adapters merged, rows written back), in eval mode."""
     return get_method(method).finish(model).eval()
+
+
+def lr_field(method: str) -> str | None:
+    """The training-recipe field holding ``method``'s learning rate (None: it trains nothing)."""
+    return get_method(method).lr_field
 
 
 def uses_saliency(spec: MethodSpec) -> bool:

@@ -81,20 +81,26 @@ def register(subparsers) -> None:
     executor_args(q)
     q.set_defaults(func=cmd_tune)
     q = sub.add_parser("study", help="the shipped study: every group, several seeds, a tuned lr per variant, 95%% intervals",
-                       description="Tune every variant's learning rate on validation questions (cached), run every "
-                                   "variant on every seed, the continual sequence (paper protocol and the replay "
-                                   "extension), and write tidy tables with paired-bootstrap intervals plus "
-                                   "manifest.json into --out (atomically).")
-    q.add_argument("--out", default="results/aware", help="output folder, replaced atomically (default results/aware)")
+                       description="Tune every variant's learning rate on validation questions (grids extended past "
+                                   "an edge choice), run every variant on every seed, the continual sequence (paper "
+                                   "protocol and the replay extension), and write tidy tables with paired-bootstrap "
+                                   "intervals plus manifest.json into --out. Every finished run is written at once "
+                                   "to OUT/runs/<key>.json and skipped when the study is started again, so an "
+                                   "interrupted study resumes where it stopped.")
+    q.add_argument("--out", default=None,
+                   help="study folder (default: results/aware for --preset shipped, which resumes the shipped "
+                        "study; a new runs/aware/study-... folder for any other preset)")
     q.add_argument("--preset", default="shipped", choices=["shipped", "smoke"],
                    help="study size (shipped: the committed study; smoke: a random tiny model, seconds)")
-    q.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the preset's 0 1 2)")
-    q.add_argument("--steps", type=int, default=None, help="training steps per run (default: the preset's)")
-    q.add_argument("--n-eval", type=int, default=None,
-                   help="test questions per downstream and easy-VQA set (default: the preset's)")
+    q.add_argument("--status", action="store_true", help="print which runs are finished and which are missing; run nothing")
+    q.add_argument("--tables-only", action="store_true",
+                   help="write the tables from the finished runs (the phases that are complete); run nothing")
     q.add_argument("--cache-dir", default=None, help="cache root (default $LAB_CACHE_DIR or ~/.cache/continual-lab)")
     q.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     q.add_argument("--quiet", action="store_true", help="no progress lines")
+    executor_args(q)
+    q.add_argument("--workers", type=int, default=None,
+                   help="CPUs of the local Ray instance, one run each (with --executor ray; default: all cores)")
     q.set_defaults(func=cmd_study)
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
 
@@ -379,35 +385,42 @@ def cmd_tune(args) -> int:
 def cmd_study(args) -> int:
     import shlex
     import sys
-    from dataclasses import replace
 
     from lab import _validate as V
     from lab.cli import check_cache_dir
-    from lab.experiments.aware.shipped import PRESETS, run_study
+    from lab.experiments.aware.plan import PRESETS
 
     check_cache_dir(args.cache_dir)
     V.device("--device", args.device)
-    cfg = PRESETS[args.preset]
-    if args.seeds is not None:
-        for s in args.seeds:
-            V.seed("--seeds", s)
-        cfg = replace(cfg, seeds=tuple(dict.fromkeys(args.seeds)), tune_seed=args.seeds[0])
-    if args.steps is not None:
-        cfg = replace(cfg, steps=V.count("--steps", args.steps))
-    if args.n_eval is not None:
-        cfg = replace(cfg, n_eval=V.count("--n-eval", args.n_eval), n_easy_eval=args.n_eval)
-    V.out_dir("--out", args.out)
-    _threads()
-    out = run_study(cfg, args.out, command="lab " + shlex.join(sys.argv[1:]), cache_dir=args.cache_dir,
-                    device=args.device, progress=not args.quiet)
-    import pandas as pd
+    from lab import executors
 
-    with pd.option_context("display.width", 160, "display.max_columns", 12, "display.precision", 3):
-        print("\nheadline differences (paired bootstrap, 95 % interval):")
-        for v in out["comparisons"].verdict:
-            print("  " + v)
-        print("\ncontinual sequence:")
-        for v in out["continual_comparisons"].verdict:
-            print("  " + v)
-    print(f"\nwall time {out['manifest']['wall_s']:.0f}s; tables and manifest.json in {out['out']}")
+    executors.check_arguments(args)
+    if args.workers is not None:
+        V.count("--workers", args.workers, maximum=1024)
+    cfg = PRESETS[args.preset]
+    if args.out is None:
+        if args.preset == "shipped":
+            out = "results/aware"
+        else:
+            from lab import runs
+
+            out = str(runs.new_run_dir("aware", f"study-{args.preset}"))
+    else:
+        out = args.out
+    V.out_dir("--out", out)
+    _threads()
+    from lab.experiments.aware.shipped import run_study
+
+    res = run_study(cfg, out, command="lab " + shlex.join(sys.argv[1:]), cache_dir=args.cache_dir, device=args.device,
+                    progress=not args.quiet, executor=args.executor, address=args.address, workers=args.workers,
+                    status_only=args.status, tables_only=args.tables_only)
+    if res.get("status") is not None:
+        print(res["status"])
+        return 0
+    for name in ("comparisons", "continual_comparisons"):
+        if name in res and len(res[name]):
+            print(f"\n{name.replace('_', ' ')} (paired bootstrap, 95 % interval):")
+            for v in res[name].verdict:
+                print("  " + v)
+    print(f"\nwall time {res['manifest']['wall_s']:.0f}s; tables and manifest.json in {res['out']}")
     return 0

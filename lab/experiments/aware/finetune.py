@@ -110,9 +110,21 @@ def train(model: nn.Module, groups: list[dict], qa: QASet, enc: ChatEncoder, cfg
     return {"losses": losses, "step_seconds": times}
 
 
+def strictly_best(scores: torch.Tensor, gold: int) -> bool:
+    """Right only when the gold option's score is finite and above every other option's: a tie or a
+    non-finite score (a diverged model) is wrong, so no option position can be favoured by
+    ``argmax``'s first-index rule."""
+    g = scores[gold]
+    if not bool(torch.isfinite(g)):
+        return False
+    others = torch.cat([scores[:gold], scores[gold + 1:]])
+    return bool((g > others).all())
+
+
 def evaluate(model: nn.Module, qa: QASet, enc: ChatEncoder, *, batch_size: int = 32,
              exact: bool = False, max_new_tokens: int = 8) -> dict:
-    """Multiple-choice accuracy (answer log-likelihood over ``qa.options``) and ``correct``, which
+    """Multiple-choice accuracy (answer log-likelihood over ``qa.options``; right only when the gold
+    option scores strictly highest, :func:`strictly_best`) and ``correct``, which
     questions it got right (for paired intervals); with ``exact``, also the exact-match rate of a greedy answer against the gold answer and its aliases."""
     model.eval()
     correct, hits, per_q = 0, 0, []
@@ -120,8 +132,7 @@ def evaluate(model: nn.Module, qa: QASet, enc: ChatEncoder, *, batch_size: int =
         idx = range(s, min(s + batch_size, len(qa)))
         opts = [qa.options[i] for i in idx]
         scores = option_scores(model, batch, [enc.option_ids(o) for o in opts])
-        pred = scores.argmax(1).tolist()
-        right = [opts[j][p] == qa.answers[i] for j, (i, p) in enumerate(zip(idx, pred))]
+        right = [strictly_best(scores[j], opts[j].index(qa.answers[i])) for j, i in enumerate(idx)]
         correct += sum(right)
         per_q += right
         if exact:

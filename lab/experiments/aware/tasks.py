@@ -4,7 +4,7 @@
 Upstream (learned before any fine-tuning, measured before and after):
 - ``easy_vqa``: colour/shape questions on synthetic images (PyPI ``easy-vqa``); the projector is
   aligned on its train split with the language model frozen (LLaVA stage-1 "pre-training").
-- ``probe``: a text-only general-knowledge probe of SmolLM2 (100 questions written for this
+- ``probe``: a text-only general-knowledge probe of SmolLM2 (320 questions written for this
   project, ``lab/experiments/aware/data/general_knowledge_probe.json``), scored by answer log-likelihood over
   4 options and by exact match of a greedy answer.
 
@@ -105,6 +105,17 @@ class Task:
     test: QASet
 
 
+def shuffled_options(qa: QASet, seed: int = 0) -> QASet:
+    """``qa`` with every question's options in their own seeded order (the gold option's position
+    drawn per question): no position is right more often than chance, so a model that always picks
+    one position, or an argmax over tied scores, scores at chance."""
+    import zlib
+
+    rng = np.random.RandomState((zlib.crc32(qa.name.encode()) + 7919 * seed) % 2**32)
+    qa.options = [tuple(o[k] for k in rng.permutation(len(o))) for o in qa.options]
+    return qa
+
+
 def _pick(n_total: int, n: int, seed: int) -> np.ndarray:
     n = min(n, n_total)
     return np.sort(np.random.RandomState(seed).choice(n_total, n, replace=False))
@@ -131,9 +142,9 @@ def downstream(name: str, *, n_train: int, n_test: int, seed: int = 0, grid: int
         idx = _pick(len(sp.labels), n, s)
         tokens, key = (vision or visual_tokens)(sp.images[idx], grid=grid, cache_dir=cache_dir, progress=progress,
                                                 return_key=True)  # only the images used
-        out[split] = QASet(f"{name}/{split}", [tmpl.question] * len(idx),
-                           [tmpl.render(int(sp.labels[i]), names) for i in idx], [options] * len(idx),
-                           np.arange(len(idx), dtype=np.int64), tokens, source=key)
+        out[split] = shuffled_options(QASet(f"{name}/{split}", [tmpl.question] * len(idx),
+                                            [tmpl.render(int(sp.labels[i]), names) for i in idx], [options] * len(idx),
+                                            np.arange(len(idx), dtype=np.int64), tokens, source=key), seed)
     return Task(name, out["train"], out["test"])
 
 
@@ -164,8 +175,9 @@ def downstream_validation(name: str, *, n: int, n_train: int, seed: int = 0, gri
     tokens, key = (vision or visual_tokens)(sp.images[idx], grid=grid, cache_dir=cache_dir, progress=progress,
                                             return_key=True)
     options = tuple(dict.fromkeys(tmpl.render(c, names) for c in range(len(names))))
-    return QASet(f"{name}/validation", [tmpl.question] * len(idx), [tmpl.render(int(sp.labels[i]), names) for i in idx],
-                 [options] * len(idx), np.arange(len(idx), dtype=np.int64), tokens, source=key)
+    return shuffled_options(QASet(f"{name}/validation", [tmpl.question] * len(idx),
+                                  [tmpl.render(int(sp.labels[i]), names) for i in idx], [options] * len(idx),
+                                  np.arange(len(idx), dtype=np.int64), tokens, source=key), seed)
 
 
 # --- upstream ----------------------------------------------------------------------------------
@@ -186,8 +198,9 @@ def _easy_vqa_split(split: str, n: int, seed: int, grid: int, cache_dir, progres
     images = np.stack([np.asarray(Image.open(paths[i]).convert("RGB")) for i in used])   # (N, 64, 64, 3)
     options = tuple(easy_vqa.get_answers())
     tokens, key = (vision or visual_tokens)(images, grid=grid, cache_dir=cache_dir, progress=progress, return_key=True)
-    return QASet(name or f"easy_vqa/{split}", [qs[i] for i in pick], [ans[i] for i in pick], [options] * len(pick),
-                 np.array([row[img_ids[i]] for i in pick], dtype=np.int64), tokens, source=key)
+    return shuffled_options(QASet(name or f"easy_vqa/{split}", [qs[i] for i in pick], [ans[i] for i in pick],
+                                  [options] * len(pick), np.array([row[img_ids[i]] for i in pick], dtype=np.int64),
+                                  tokens, source=key), seed)
 
 
 def easy_vqa(*, n_train: int, n_test: int, seed: int = 0, grid: int = 2, cache_dir=None,
@@ -227,7 +240,7 @@ def probe(path: str | Path = PROBE_FILE) -> Task:
                [tuple([it["answer"], *it["distractors"]]) for it in items],
                np.full(len(items), -1, dtype=np.int64), None,
                [tuple([it["answer"], *it.get("aliases", [])]) for it in items])
-    return Task("probe", None, qa)
+    return Task("probe", None, shuffled_options(qa))   # the file lists the answer first
 
 
 def exact_match(generated: str, aliases: Sequence[str]) -> bool:
