@@ -189,21 +189,27 @@ def continual_key(fp: str, job: ContinualJob, cfg: StudyConfig) -> str:
     return f"continual-{job.method}{'-replay' if job.replay else ''}-s{job.seed}-{_hash(payload)}"
 
 
-def plan_tuning(cfg: StudyConfig, extra: dict | None = None) -> list[Job]:
-    """Every variant that trains at every rate of its grid (plus ``extra[variant id]`` rates past an
-    edge) on the tuning seed; full fine-tuning first (every other choice is relative to it)."""
+PHASES = (("methods",), None)   # the methods group first (the headline), then every group
+
+
+def plan_tuning(cfg: StudyConfig, extra: dict | None = None, groups: tuple[str, ...] | None = None) -> list[Job]:
+    """Every variant that trains (of ``groups``; None: all) at every rate of its grid (plus
+    ``extra[variant id]`` rates past an edge) on the tuning seed; full fine-tuning first (every other
+    choice is relative to it)."""
     extra = extra or {}
-    vs = [v for v in variants(cfg) if lr_field(v.spec.method)]
+    vs = [v for v in variants(cfg) if lr_field(v.spec.method) and (groups is None or v.group in groups)]
     vs.sort(key=lambda v: get_method(v.spec.method).role != "reference")
     return [Job(v, lr, cfg.tune_seed, ("val", "test"))
             for v in vs for lr in sorted({*cfg.grid(v.spec.method), *extra.get(variant_id(v), ())})]
 
 
-def plan_tests(cfg: StudyConfig, chosen: dict) -> list[Job]:
-    """Every variant at its chosen rate on each of its group's seeds; the tuning seed's run is the
-    tuning run itself (same key)."""
+def plan_tests(cfg: StudyConfig, chosen: dict, groups: tuple[str, ...] | None = None) -> list[Job]:
+    """Every variant (of ``groups``; None: all) at its chosen rate on each of its group's seeds; the
+    tuning seed's run is the tuning run itself (same key)."""
     out = []
     for v in variants(cfg):
+        if groups is not None and v.group not in groups:
+            continue
         lr = chosen.get(variant_id(v))
         if lr_field(v.spec.method) and lr is None:
             continue

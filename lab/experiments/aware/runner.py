@@ -231,12 +231,12 @@ def _beyond(lrs: list[float], chosen: float) -> float | None:
     return float(f"{lrs[0] * lrs[0] / lrs[1]:.3g}")
 
 
-def tune(env: Env, out: Path, *, log=print, **kw) -> tuple[dict, list[dict], list[dict]]:
-    """Tuning runs, extended past every edge choice up to ``cfg.max_extensions`` times per variant:
-    ``(chosen, candidate rows, tuning records)``."""
+def tune(env: Env, out: Path, *, log=print, groups=None, **kw) -> tuple[dict, list[dict], list[dict]]:
+    """Tuning runs (of ``groups``; None: all), extended past every edge choice up to
+    ``cfg.max_extensions`` times per variant: ``(chosen, candidate rows, tuning records)``."""
     cfg, extra = env.cfg, {}
     while True:
-        recs = execute(env, plan_tuning(cfg, extra), out, log=log, **kw)
+        recs = execute(env, plan_tuning(cfg, extra, groups), out, log=log, **kw)
         chosen, rows = choose_rates(env, recs)
         grow = {}
         for vid, lr in chosen.items():
@@ -253,13 +253,72 @@ def tune(env: Env, out: Path, *, log=print, **kw) -> tuple[dict, list[dict], lis
 
 def run_all(env: Env, out: Path, *, log=print, **kw) -> dict:
     """Tune, test every seed, run the continual sequences: every record, by phase."""
-    t0 = time.perf_counter()
-    chosen, tuning_rows, tune_recs = tune(env, out, log=log, **kw)
-    t_tune = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    test_recs = execute(env, plan_tests(env.cfg, chosen), out, log=log, **kw)
-    t_test = time.perf_counter() - t0
+    from lab.experiments.aware.plan import PHASES
+
+    t_tune = t_test = 0.0
+    for groups in PHASES:     # the methods group complete first: the headline is there soonest
+        t0 = time.perf_counter()
+        chosen, tuning_rows, tune_recs = tune(env, out, log=log, groups=groups, **kw)
+        t_tune += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        test_recs = execute(env, plan_tests(env.cfg, chosen, groups), out, log=log, **kw)
+        t_test += time.perf_counter() - t0
     t0 = time.perf_counter()
     cont = execute(env, plan_continual(env.cfg, chosen), out, log=log, **kw)
     return {"chosen": chosen, "tuning_rows": tuning_rows, "tune": tune_recs, "test": test_recs, "continual": cont,
+            "complete": True,
             "timings": {"tuning_s": t_tune, "tests_s": t_test, "continual_s": time.perf_counter() - t0}}
+
+
+def collect(env: Env, out: Path) -> dict:
+    """The records of the finished runs in ``out/runs``, by phase, without running anything. A
+    variant's rate is chosen only once its whole grid (with the extensions the runs call for) is
+    there, and only its test runs at that rate are read; ``complete`` says whether the whole plan
+    was found."""
+    from lab._io import read_json
+    from lab.experiments.aware import plan as P
+
+    runs_dir = Path(out) / "runs"
+
+    def found(jobs, key):
+        recs = []
+        for j in jobs:
+            f = runs_dir / f"{key(env.fingerprint, j, env.cfg)}.json"
+            if f.is_file():
+                recs.append({**read_json(f), **({"variant": variant_id(j.variant), "seed": j.seed}
+                                                if isinstance(j, Job) else {})})
+        return recs
+
+    cfg, extra = env.cfg, {}
+    empty = {"tune": [], "test": [], "continual": [], "chosen": {}, "tuning_rows": [], "complete": False}
+    for _ in range(cfg.max_extensions + 2):
+        jobs = P.plan_tuning(cfg, extra)
+        recs = found(jobs, P.job_key)
+        planned = {}
+        for j in jobs:
+            planned.setdefault(variant_id(j.variant), set()).add(j.lr)
+        have = {}
+        for r in recs:
+            have.setdefault(r["variant"], set()).add(r["lr"])
+        done = {v for v, lrs in planned.items() if have.get(v, set()) >= lrs}
+        if "methods/full" not in done:
+            return {**empty, "tune": recs}
+        mine = [r for r in recs if r["variant"] in done]
+        chosen, rows = choose_rates(env, mine)
+        grow = {}
+        for vid, lr in chosen.items():
+            nxt = _beyond([r["lr"] for r in rows if r["variant"] == vid], lr)
+            if nxt is not None and len(extra.get(vid, ())) < cfg.max_extensions:
+                grow[vid] = (*extra.get(vid, ()), nxt)
+        if not grow:
+            break
+        for k, v in grow.items():
+            extra[k] = v
+    tests = [j for j in P.plan_tests(cfg, chosen) if variant_id(j.variant) in chosen or j.lr is None]
+    test_recs = found(tests, P.job_key)
+    conts = P.plan_continual(cfg, chosen) if {"methods/full", "methods/aware"} <= set(chosen) else []
+    cont_recs = found(conts, P.continual_key)
+    complete = (len(done) == len(planned) and len(test_recs) == len(P.plan_tests(cfg, chosen))
+                and len(cont_recs) == len(P.plan_continual(cfg, chosen)) and len(chosen) == len(planned))
+    return {"tune": recs, "test": test_recs, "continual": cont_recs, "chosen": chosen, "tuning_rows": rows,
+            "complete": complete}

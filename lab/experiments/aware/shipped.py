@@ -271,7 +271,7 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
     ``manifest.json`` into ``out`` (each file atomically)."""
     import datetime
 
-    from lab._io import write_json, write_table
+    from lab._io import write_json
     from lab.experiments.aware import runner
 
     t_start = time.perf_counter()
@@ -285,13 +285,14 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
     from lab.experiments.aware import study_tables
 
     tables = study_tables.build(env, res)
-    for name, df in tables.items():
-        if name == "answers":
-            from lab._io import atomic_write
+    from lab._io import atomic_write
 
+    out.mkdir(parents=True, exist_ok=True)
+    for name, df in tables.items():      # each file atomically; finished runs stay in out/runs
+        if name == "answers":
             atomic_write(out / "answers.parquet", lambda p, df=df: df.to_parquet(p, index=False))
         else:
-            write_table(out / name, df)
+            atomic_write(out / f"{name}.csv", lambda p, df=df: df.to_csv(p, index=False))
     manifest = {
         "command": command, "config": asdict(cfg), "started": started,
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
