@@ -102,6 +102,17 @@ def register(subparsers) -> None:
     q.add_argument("--workers", type=int, default=None,
                    help="CPUs of the local Ray instance, one run each (with --executor ray; default: all cores)")
     q.set_defaults(func=cmd_study)
+    q = sub.add_parser("check", help="re-run one finished run of a study and compare its answers with the stored ones",
+                       description="Does this code, on this machine, still give a study's answers? Re-runs one "
+                                   "finished run (default: the first finished full fine-tuning run; ~5-10 min on "
+                                   "one core at the shipped size) and compares every answer with the stored run's.")
+    q.add_argument("--out", default="results/aware", help="the study folder (default results/aware)")
+    q.add_argument("--preset", default="shipped", choices=["shipped", "smoke"], help="the study's preset")
+    q.add_argument("--run", default=None, metavar="KEY", help="the run to re-run: its file name in OUT/runs without .json")
+    q.add_argument("--cache-dir", default=None, help="cache root (default $LAB_CACHE_DIR or ~/.cache/continual-lab)")
+    q.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    q.add_argument("--quiet", action="store_true", help="no progress lines")
+    q.set_defaults(func=cmd_check)
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
 
 
@@ -263,6 +274,13 @@ def cmd_finetune(args) -> int:
     V.seed("--seed", args.seed)
     if args.save:
         V.out_dir("--save", args.save)
+        if args.model:
+            from pathlib import Path
+
+            src, dst = Path(args.model).expanduser().resolve(), Path(args.save).expanduser().resolve()
+            if src.exists() and (dst == src or src in dst.parents or dst in src.parents):
+                raise V.bad("--save", args.save, f"is (or holds, or is inside) the input checkpoint --model "
+                                                 f"{args.model}: saving there would overwrite it; give another folder")
     check_targets(args.targets, model=args.model)     # last: it builds the model's skeleton (a few seconds)
     aware = AwareConfig(rho=args.rho, rule=args.rule, targets=args.targets)   # validates before work
     from contextlib import nullcontext
@@ -310,6 +328,7 @@ def cmd_ablate(args) -> int:
     check_common(args)
     for s in args.seeds or ():
         V.seed("--seeds", s)
+    _no_duplicates("--seeds", args.seeds or ())
     _run_dir_check(args)
     executors.check_arguments(args)
     ctx = _ctx(args)
@@ -335,6 +354,16 @@ def cmd_ablate(args) -> int:
             print(out["overlap"].to_string(index=False))
     print(f"\nwall time {out['timings']['total_s']:.0f}s; tables in {out['run_dir']}")
     return 0
+
+
+def _no_duplicates(param: str, values) -> None:
+    """A list option given the same value twice is a mistake (it would run one configuration twice
+    and count it as two): one line naming it, before any work."""
+    from lab import _validate as V
+
+    seen = [v for i, v in enumerate(values) if v in list(values)[:i]]
+    if seen:
+        raise V.bad(param, " ".join(map(str, values)), f"lists {seen[0]} twice; give each value once")
 
 
 def _grids(specs) -> dict | None:
@@ -364,6 +393,9 @@ def cmd_tune(args) -> int:
     V.count("--n-val", args.n_val)
     for s in args.seeds:
         V.seed("--seeds", s)
+    _no_duplicates("--seeds", args.seeds)
+    for m, lrs in grids.items():
+        _no_duplicates(f"--grid {m}", lrs)
     _run_dir_check(args)
     executors.check_arguments(args)
     size = _size(args)
@@ -424,3 +456,35 @@ def cmd_study(args) -> int:
                 print("  " + v)
     print(f"\nwall time {res['manifest']['wall_s']:.0f}s; tables and manifest.json in {res['out']}")
     return 0
+
+
+def cmd_check(args) -> int:
+    from pathlib import Path
+
+    from lab import _validate as V
+    from lab.cli import check_cache_dir
+    from lab.experiments.aware.plan import PRESETS
+
+    check_cache_dir(args.cache_dir)
+    V.device("--device", args.device)
+    out = Path(args.out)
+    if not (out / "runs").is_dir():
+        raise V.bad("--out", args.out, "holds no study runs (no runs/ folder); run `lab aware study` first")
+    _threads()
+    from lab.experiments.aware import runner
+
+    env = runner.build_env(PRESETS[args.preset], cache_dir=args.cache_dir, device=args.device,
+                           progress=not args.quiet, store=out / "saliency")
+    try:
+        res = runner.check(env, out, args.run, log=None if args.quiet else print)
+    except ValueError as e:
+        raise V.bad("--run", args.run or "(default)", str(e)) from None
+    for r in res["rows"]:
+        print(f"  {r['set']:<14} {r['same']}/{r['questions']} answers the same  (stored acc {r['stored acc']:.3f}, "
+              f"live {r['live acc']:.3f})")
+    if res["same"]:
+        print(f"{res['key']}: the same answers on every question ({res['seconds']:.0f} s)")
+        return 0
+    print(f"{res['key']}: ANSWERS DIFFER — stored by code {str(res['stored_code'])[:12]} on {res['stored_machine']}; "
+          f"this code {res['code'][:12]}")
+    return 1

@@ -58,54 +58,43 @@ def describe_saliency(f: dict, study: Study) -> str:
 
 
 def describe_study(study: dict) -> str:
-    """Notebook 04's findings over a shipped study as Markdown bullets: every sentence is a verdict
-    computed from a paired difference and its 95 % interval (:mod:`lab.experiments.aware.intervals`),
-    "no difference detected" when the interval spans zero."""
-    from lab.experiments.aware.study_views import REFERENCE, continual_verdicts, verdicts
+    """Notebook 04's findings over a study as Markdown bullets, every sentence computed from the
+    tables: whether each variant learned, whether full fine-tuning forgets (per upstream skill), the
+    paired differences and the paper's findings as verdicts."""
+    from lab.experiments.aware.study_views import REFERENCE, continual_verdicts, learned_sentence, verdicts
 
-    s = study["summary"].set_index(["variant", "metric"])
-    c = verdicts(study)
-    seeds = study["manifest"]["config"]["seeds"]
+    s = study["summary"].set_index(["variant", "metric"]) if len(study["summary"]) else None
+    lines = [f"- **Did each variant learn?** {learned_sentence(study)}"]
 
     def val(v, m, d=1):
-        if (v, m) not in s.index:
-            return "n/a"
+        if s is None or (v, m) not in s.index or not np.isfinite(s.loc[(v, m), "estimate"]):
+            return None
         x = s.loc[(v, m)]
         return f"{x.estimate:.{d}f} [{x.lo:.{d}f}, {x.hi:.{d}f}]"
 
-    lines = [f"- **Methods** ({len(seeds)} seeds, 95 % intervals): "
-             + "; ".join(f"{v.split('/')[1]} R {val(v, 'R')}, E {val(v, 'E')}, H {val(v, 'H')}"
-                         for v in ("methods/full", "methods/lora", "methods/dora", REFERENCE)
-                         if (v, "R") in s.index) + "."]
-    if ("methods/full", "R") in s.index:
+    if val("methods/full", "R"):
         x = s.loc[("methods/full", "R")]
-        verdict = ("forgets (its interval lies below 100)" if x.hi < 100 else
-                   "is not shown to forget (its interval reaches 100), so no method can show protection here")
-        lines.append(f"- **Does full fine-tuning forget?** R = {val('methods/full', 'R')}: it {verdict}.")
-    before = study.get("upstream_before")
-    if before is not None and len(before) and ("methods/full", "downstream") in s.index:
-        d = before[before.skill.str.startswith("downstream")].iloc[0]
-        x = s.loc[("methods/full", "downstream")]
-        word = ("learned the task (its interval lies above the most common answer's rate)" if x.lo > d.reference_acc
-                else "is not shown to beat always giving the most common answer, so E compares methods that have not "
-                     "clearly learned the task")
-        lines.append(f"- **Did full fine-tuning learn the task?** downstream {val('methods/full', 'downstream', 3)} vs "
-                     f"the most common answer's {d.reference_acc:.3f} (before fine-tuning {d.acc:.3f}): it {word}.")
-    t = study.get("tuning")
-    if t is not None and len(t):
-        ch = t[t.chosen].set_index("variant")
-        main = ch.lr.get(REFERENCE)
-        others = ch[(ch.method == "aware") & (ch.index != REFERENCE)]
-        if main is not None and len(others):
-            moved = [v for v, lr in others.lr.items() if lr != main]
-            lines.append(f"- **Learning rates:** {len(moved)} of {len(others)} AWARe variants chose a rate other than main "
-                         f"AWARe's {main:g} on validation questions"
-                         + (f" ({', '.join(moved)})" if moved else "") + "; each variant is reported at its own rate.")
-    for name in dict.fromkeys(c.comparison):
-        rows = c[c.comparison == name]
-        lines.append(f"- **{name}:** " + "; ".join(rows.verdict) + ".")
-    cc = continual_verdicts(study) if len(study.get("continual_comparisons", ())) else None
-    if cc is not None and len(cc):
+        word = ("forgets: its R interval lies below 100" if x.hi < 100 else
+                "is not shown to forget: its R interval reaches 100, so no method can show protection here")
+        lines.append(f"- **Does full fine-tuning forget?** R = {val('methods/full', 'R')} (easy-VQA "
+                     f"{val('methods/full', 'R_easy_vqa')}, probe {val('methods/full', 'R_probe')}): it {word}.")
+    if s is not None:
+        rows = [f"{v.split('/')[1]} R {val(v, 'R')}" + (f", H {val(v, 'H')}" if val(v, 'H') else ", H not ranked")
+                for v in ("methods/full", "methods/lora", "methods/dora", REFERENCE, "methods/rho=0") if val(v, "R")]
+        if rows:
+            lines.append("- **Methods** (95 % intervals): " + "; ".join(rows) + ".")
+    if len(study.get("comparisons", ())):
+        c = verdicts(study)
+        for name in dict.fromkeys(c.comparison):
+            lines.append(f"- **{name}:** " + "; ".join(c[c.comparison == name].verdict) + ".")
+    f = study.get("findings")
+    if f is not None and len(f):
+        for r in f.itertuples():
+            lines.append(f"- **The paper: {r.finding}** — {r.verdict} ({r.evidence}).")
+    if len(study.get("continual_comparisons", ())):
+        cc = continual_verdicts(study)
         lines.append("- **Continual sequence** (accuracy differences in points; the replay variant is this "
                      "project's extension, not the paper's protocol): " + "; ".join(cc.verdict) + ".")
+    if not study["manifest"].get("complete", True):
+        lines.append("- The study is not complete: groups and seeds still missing are not described here.")
     return "\n".join(lines)

@@ -301,8 +301,11 @@ def collect(env: Env, out: Path) -> dict:
         for r in recs:
             have.setdefault(r["variant"], set()).add(r["lr"])
         done = {v for v, lrs in planned.items() if have.get(v, set()) >= lrs}
-        if "methods/full" not in done:
-            return {**empty, "tune": recs}
+        if "methods/full" not in done:   # nothing can be chosen yet: the candidates so far, for display
+            shown = choose_rates(env, recs)[1] if any(r["variant"] == "methods/full" for r in recs) else []
+            for r in shown:
+                r["chosen"] = r["edge"] = False
+            return {**empty, "tune": recs, "tuning_rows": shown}
         mine = [r for r in recs if r["variant"] in done]
         chosen, rows = choose_rates(env, mine)
         grow = {}
@@ -322,3 +325,38 @@ def collect(env: Env, out: Path) -> dict:
                 and len(cont_recs) == len(P.plan_continual(cfg, chosen)) and len(chosen) == len(planned))
     return {"tune": recs, "test": test_recs, "continual": cont_recs, "chosen": chosen, "tuning_rows": rows,
             "complete": complete}
+
+
+def check(env: Env, out: Path, key: str | None = None, *, log=print) -> dict:
+    """Re-run one finished run of the study (``key``: its file name in ``out/runs`` without ``.json``;
+    default: the first finished tuning run of full fine-tuning) and compare its answers with the
+    stored ones, question by question. On the machine and code that produced it the answers are the
+    same; ``same`` counts the questions that agree."""
+    from lab._io import read_json
+    from lab.experiments.aware import plan as P
+
+    runs_dir = Path(out) / "runs"
+    res = collect(env, out)
+    jobs = P.plan_tuning(env.cfg) + P.plan_tests(env.cfg, res["chosen"])
+    by_key = {P.job_key(env.fingerprint, j, env.cfg): j for j in jobs}
+    done = [k for k in by_key if (runs_dir / f"{k}.json").is_file()]
+    if key is None:
+        key = next((k for k in done if by_key[k].variant.spec.method == "full"), done[0] if done else None)
+        if key is None:
+            raise ValueError(f"{out}: no finished run to check")
+    if key not in by_key or not (runs_dir / f"{key}.json").is_file():
+        raise ValueError(f"{out}: no finished run {key!r}; finished runs: {', '.join(sorted(done)[:8])}"
+                         + (" ..." if len(done) > 8 else ""))
+    stored = read_json(runs_dir / f"{key}.json")
+    job = by_key[key]
+    if log:
+        log(f"re-running {key} ({variant_id(job.variant)}, lr {job.lr}, seed {job.seed}) ...")
+    live = run_job(job, env)
+    rows = []
+    for st, a in stored["answers"].items():
+        b = live["answers"].get(st, [])
+        rows.append({"set": st, "questions": len(a), "same": int(sum(int(x == y) for x, y in zip(a, b))),
+                     "stored acc": _acc(a), "live acc": _acc(b)})
+    same = all(r["same"] == r["questions"] for r in rows)
+    return {"key": key, "rows": rows, "same": same, "stored_code": stored.get("code"), "code": env.code,
+            "stored_machine": stored.get("machine"), "seconds": live["seconds"]}

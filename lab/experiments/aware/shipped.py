@@ -293,6 +293,23 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
             atomic_write(out / "answers.parquet", lambda p, df=df: df.to_parquet(p, index=False))
         else:
             atomic_write(out / f"{name}.csv", lambda p, df=df: df.to_csv(p, index=False))
+    from lab.experiments.aware.study import Study
+
+    if env.saliency:   # saliency + row norms at the top: notebook 04's mask panel re-selects rows from them
+        Study.from_context(env.ctx, env.saliency).save(out)
+    listed = sorted(f"{k}.csv" if k != "answers" else "answers.parquet" for k in tables)
+    listed += sorted(p.name for p in out.glob("*.safetensors"))
+    old = out / "manifest.json"
+    if old.exists():      # files an earlier version of this study listed and this one does not write: stale
+        from lab._io import read_json
+
+        try:
+            for name in set(read_json(old).get("tables", [])) - set(listed):
+                for f in (out / Path(name).name, out / (Path(name).name + ".sha256")):
+                    if f.is_file():
+                        f.unlink()
+        except Exception:   # an unreadable old manifest: leave the folder as it is
+            pass
     manifest = {
         "command": command, "config": asdict(cfg), "started": started,
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -301,8 +318,7 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
         "machine": machine(), "sources": source_hashes(), "fingerprint": env.fingerprint,
         "intervals": __import__("lab.experiments.aware.intervals", fromlist=["KIND"]).KIND,
         "note": next((v for k, v in NOTES.items() if PRESETS.get(k) == cfg), "a custom configuration"),
-        "chosen_lr": res.get("chosen", {}), "tables": sorted(f"{k}.csv" if k != "answers" else "answers.parquet"
-                                                             for k in tables),
+        "chosen_lr": res.get("chosen", {}), "tables": listed,
         "complete": bool(res.get("complete", True)),
     }
     write_json(out / "manifest.json", manifest)

@@ -252,9 +252,19 @@ def build(env, res: Mapping) -> dict:
                      "hi": I.summarise(metrics[vid]["downstream"])["hi"], "floor": fl["floor"],
                      "majority": fl["majority"], "zero_shot": fl["zero_shot"], "learned": learned[vid],
                      "diverged": diverged[vid], "seeds": len(seeds_of[vid])} for vid in metrics]
-    tables = {"runs": runs, "summary": summary, "comparisons": comps, "findings": findings,
-              "learned": pd.DataFrame(learned_rows), "baselines": baselines_table(env),
-              "tuning": pd.DataFrame(res.get("tuning_rows", []))}
+    cols = {"runs": ["variant", "group", "label", "method", "seed", "lr", "downstream", "R", "E", "H"],
+            "summary": ["variant", "group", "label", "method", "lr", "trainable_frac", "seeds", "learned", "diverged",
+                        "metric", "estimate", "lo", "hi"],
+            "comparisons": ["comparison", "a", "b", "metric", "seeds", "estimate", "lo", "hi", "detected", "verdict"],
+            "findings": ["finding", "verdict", "evidence", "rule"],
+            "learned": ["variant", "downstream", "lo", "hi", "floor", "majority", "zero_shot", "learned", "diverged",
+                        "seeds"],
+            "tuning": ["variant", "method", "lr", "seed", "diverged", "val_downstream", "val_R", "val_E", "val_H",
+                       "chosen", "edge"]}
+    frames = {"runs": runs, "summary": summary, "comparisons": comps, "findings": findings,
+              "learned": pd.DataFrame(learned_rows), "tuning": pd.DataFrame(res.get("tuning_rows", []))}
+    tables = {k: (df if len(df) else pd.DataFrame(columns=cols[k])) for k, df in frames.items()}   # readable when empty
+    tables["baselines"] = baselines_table(env)
     if len(test):
         tables["answers"] = answers_table(test, {k: v for k, v in base.items() if not k.startswith("val:")})
     cont = [{"label": c["label"], "replay": c["replay"], "seconds": c.get("seconds", np.nan), **row}

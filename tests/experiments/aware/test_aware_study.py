@@ -263,3 +263,23 @@ def test_a_new_method_is_one_registry_entry_and_appears_in_a_study(tmp_path):
         assert set(res["tuning"][res["tuning"].variant == "methods/toy-projector"].lr) == {1e-4, 1e-3}
     finally:
         METHODS.unregister("toy-projector")
+
+
+def test_check_reruns_a_finished_run_and_finds_the_same_answers(smoke_study, tmp_path):
+    import json
+    import shutil
+
+    res, cache, out = smoke_study
+    env = runner.build_env(plan.PRESETS["smoke"], cache_dir=cache, progress=False, store=out / "saliency")
+    got = runner.check(env, out, log=None)
+    assert got["same"] and got["key"].startswith("full-") and all(r["questions"] > 0 for r in got["rows"])
+    # a tampered run is caught
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    f = bad / "runs" / f"{got['key']}.json"
+    rec = json.loads(f.read_text())
+    rec["answers"]["down"] = [1 - x for x in rec["answers"]["down"]]
+    f.write_text(json.dumps(rec))
+    assert not runner.check(env, bad, got["key"], log=None)["same"]
+    with pytest.raises(ValueError, match="no finished run"):
+        runner.check(env, out, "nope", log=None)
