@@ -18,6 +18,12 @@ class CorruptFile(RuntimeError):
     """A cached or saved file failed verification (checksum, format or metadata mismatch)."""
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
     """Call ``writer(tmp_path)`` and move the result to ``path`` atomically."""
     path = Path(path)
@@ -27,6 +33,7 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
     tmp_path = Path(tmp)
     try:
         writer(tmp_path)
+        os.chmod(tmp_path, 0o666 & ~_umask())   # mkstemp makes 0600; a results folder is shared to be read
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)

@@ -18,6 +18,12 @@ import shlex
 import sys
 
 _PLUGINS = ("lab.experiments.tosca.cli", "lab.experiments.aware.cli", "lab.report", "lab.jupyter")
+# each plugin's command and its one-line help: `lab --help` lists them without importing the plugin
+# (the TOSCA and AWARe parsers fill their choices from registries that import torch, ~3 s)
+_COMMANDS = {"tosca": ("lab.experiments.tosca.cli", "TOSCA and baselines on a class-incremental scenario; prints the summary table"),
+             "aware": ("lab.experiments.aware.cli", "AWARe on the mini-LLaVA: profile saliency, fine-tune, run ablations"),
+             "report": ("lab.report", "render every notebook into offline HTML reports (the main job)"),
+             "jupyter": ("lab.jupyter", "start JupyterLab (or Notebook 7) on 127.0.0.1 with a token and the project's kernel")}
 
 
 class Parser(argparse.ArgumentParser):
@@ -157,7 +163,20 @@ def check_jupyter(args) -> None:
 _PRECHECK = {"jupyter": check_jupyter}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _requested(argv) -> str | None:
+    """The subcommand ``argv`` asks for (its first word that is not an option), if any."""
+    for a in argv:
+        if not a.startswith("-"):
+            return a
+        if a == "--":
+            return None
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``lab`` parser. With ``argv``, only the plugin it asks for is imported (the others get a
+    placeholder with their help line, enough for ``lab --help``); without it, every plugin."""
+    wanted = _requested(argv) if argv is not None else None
     p = Parser(prog="lab", description="continual-lab: TOSCA and AWARe on real pretrained models.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -189,7 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--quiet", action="store_true", help="no progress bar")
     f.set_defaults(func=cmd_features)
 
+    lazy = argv is not None
     for mod in _PLUGINS:
+        name = next((c for c, (m, _) in _COMMANDS.items() if m == mod), None)
+        if lazy and name is not None and name != wanted:
+            sub.add_parser(name, help=_COMMANDS[name][1], add_help=False)   # never parsed: its real parser is built on request
+            continue
         try:
             module = importlib.import_module(mod)
         except ModuleNotFoundError as exc:
@@ -249,7 +273,7 @@ EXPECTED = (KeyError, ValueError, OSError, RuntimeError, re.error, ImportError, 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

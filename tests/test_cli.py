@@ -62,3 +62,16 @@ def test_errors_are_one_line_without_usage(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("lab tosca: error: argument --epochs") and "usage" not in err
+
+
+def test_lab_help_lists_every_command_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, io, contextlib\nfrom lab import cli\nbuf = io.StringIO()\n"
+            "try:\n    with contextlib.redirect_stdout(buf):\n        cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH'); print(buf.getvalue())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert out.startswith("NO-TORCH"), out[:200]
+    for name in ("backbones", "datasets", "features", "tosca", "aware", "report", "jupyter"):
+        assert f"    {name}" in out

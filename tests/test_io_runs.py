@@ -186,3 +186,16 @@ def test_damaged_decoded_dataset_cache_is_rebuilt_with_a_warning(tmp_path, monke
     with pytest.warns(UserWarning, match=r"toy.npz rejected, rebuilding: its sha256 does not match"):
         rebuilt = datasets._cached_arrays("toy", build)
     assert len(calls) == 2 and np.array_equal(rebuilt["images"], first["images"])
+
+
+def test_atomic_writes_get_the_usual_file_mode_not_mkstemps_0600(tmp_path):
+    import os
+
+    from lab._io import write_json
+
+    old = os.umask(0o022)
+    try:
+        p = write_json(tmp_path / "x.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert (p.stat().st_mode & 0o777) == 0o644

@@ -47,7 +47,7 @@ def _sets(ctx, val, task: str) -> dict:
 
 def _saliency(ctx, cfg: StudyConfig, fp: str, store: Path | None, progress: bool) -> dict:
     """Saliency of every calibration set the variants need, kept in ``store`` (the study folder's
-    ``saliency/``) so that a resumed study selects exactly the same rows (profiles computed with
+    ``saliency/``, which also keeps the base model's answers) so that a resumed study selects exactly the same rows (profiles computed with
     another thread count differ in the last bits, which could flip a near-tie)."""
     import json
 
@@ -98,8 +98,22 @@ def build_env(cfg: StudyConfig, *, cache_dir=None, device: str | None = None, pr
                 cache_dir=cache_dir, device=device, progress=progress)
     val = validation_context(ctx, cfg.task, cfg.n_val, cache_dir=cache_dir, progress=progress)
     b = ctx.size.eval_batch
-    base = {k: evaluate(ctx.base, qa, ctx.enc, batch_size=b)["correct"] for k, qa in _sets(ctx, val, cfg.task).items()}
     fp = data_fingerprint(cfg, device)
+    base_file = store / f"{fp}-base-answers.json" if store is not None else None
+    sets = _sets(ctx, val, cfg.task)
+    base = None
+    if base_file is not None and base_file.is_file():   # the base model's answers, computed once per study
+        from lab._io import read_json
+
+        base = read_json(base_file)
+        if set(base) != set(sets) or any(len(base[k]) != len(qa) for k, qa in sets.items()):
+            base = None
+    if base is None:
+        base = {k: [int(x) for x in evaluate(ctx.base, qa, ctx.enc, batch_size=b)["correct"]] for k, qa in sets.items()}
+        if base_file is not None:
+            from lab._io import write_json
+
+            write_json(base_file, base)
     sal = _saliency(ctx, cfg, fp, store, progress)
     return Env(ctx, val, cfg, base, sal, fp, source_hashes()["sha256"])
 

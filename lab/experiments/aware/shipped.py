@@ -322,4 +322,8 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
         "complete": bool(res.get("complete", True)),
     }
     write_json(out / "manifest.json", manifest)
+    from lab.experiments.aware import study_views
+
+    text = study_views.results_readme(study_views.load_study(out))
+    atomic_write(out / "README.md", lambda p: p.write_text(text, encoding="utf-8"))
     return {**tables, "manifest": manifest, "out": out}

@@ -463,34 +463,32 @@ README_CLAIMS = ("AWARe vs full fine-tuning", "AWARe vs LoRA", "AWARe vs DoRA", 
 
 
 def readme_section(study: dict) -> str:
-    """The README section on the AWARe default, written from the shipped study: whether each variant
-    learned, the methods table with intervals, the paper's findings as verdicts
-    (``tests/experiments/aware/test_shipped_study.py`` keeps the README equal to this)."""
+    """The README section on the AWARe study: what it is, how to run, resume and check it, and where
+    its generated tables are (``results/aware/README.md``). Its numbers live only there, so the README
+    never goes stale as runs land."""
     m = study["manifest"]
     cfg = m["config"]
+    state = ("complete" if m.get("complete", True) else
+             f"in progress ({len(study['runs'])} test runs and {len(study['tuning'])} tuning candidates finished)")
     parts = [README_HEADING, "",
-             f"`{m['command']}` writes every finished run to `results/aware/runs/` and the tables with 95 % "
-             f"intervals ({m['intervals']}) plus `manifest.json` to `results/aware/`; `results/aware/README.md` has "
-             f"the full tables. Each run fine-tunes the mini-LLaVA for {cfg['steps']} steps x {cfg['batch_size']} "
-             f"questions on `{cfg['task']}` at the variant's own learning rate (chosen on validation questions).", ""]
-    if not m.get("complete", True):
-        parts += [f"**The shipped study is not complete yet**: {len(study['runs'])} test runs and "
-                  f"{len(study['tuning'])} tuning candidates have finished; `lab aware study` resumes it (it runs "
-                  "only what is missing, ~6-9 min per run on one core) and `lab aware study --status` lists what is "
-                  "left. What is below covers the finished runs only.", ""]
-    parts += [learned_sentence(study), ""]
-    if len(study["summary"]):
-        parts += [readme_table(study), ""]
-    c = verdicts(study) if len(study.get("comparisons", ())) else None
-    if c is not None:
-        parts += ["Differences with 95 % intervals (computed, not written by hand):", ""]
-        parts += [f"- {r.comparison}: {r.verdict}" for r in c.itertuples() if r.comparison in README_CLAIMS]
-        parts += [""]
-    f = study.get("findings")
-    if f is not None and len(f):
-        parts += ["The paper's findings, as verdicts:", ""]
-        parts += [f"- {r.finding}: **{r.verdict}** ({r.evidence})" for r in f.itertuples()] + [""]
-    parts += [*_shipped_cache_line(study)]
+             f"The shipped study fine-tunes the mini-LLaVA on `{cfg['task']}` questions for {cfg['steps']} steps x "
+             f"{cfg['batch_size']} at each variant's own learning rate (at least three candidates, chosen on "
+             f"validation questions, a grid extended past an edge choice), {len(cfg['seeds'])} seeds for the methods "
+             f"group and {cfg['ablation_seeds']} for the other groups, and scores {cfg['n_eval']} downstream, "
+             f"{cfg['n_easy_eval']} easy-VQA and {cfg['n_probe']} probe questions per run. Its generated tables — "
+             "whether each variant learned the task, R per upstream skill, E, H and the paper's four findings as "
+             "verdicts, all with 95 % intervals — are in `results/aware/README.md`; notebook 04 renders them. "
+             f"Right now it is {state}.", "",
+             "```bash",
+             "lab aware study --status          # what is finished and what is left (nothing runs)",
+             "lab aware study --executor ray    # resume on every core: only the missing runs run (~6-9 min each on one core)",
+             "lab aware study --tables-only     # the tables and results/aware/README.md from the finished runs",
+             "lab aware check                   # re-run one finished run here and compare every answer",
+             "```", "",
+             "Every finished run is one JSON file in `results/aware/runs/`, named by a hash of everything that "
+             "changes its numbers (data, method, rate, seed, recipe), so an interrupted study loses at most the runs "
+             "in flight. The whole study, tuning included, is about 6-8 hours of a 2-core machine.", "",
+             *_shipped_cache_line(study)]
     return "\n".join(parts)
 
 
@@ -509,3 +507,32 @@ def readme_block(text: str) -> str:
     start = text.index(README_HEADING)
     end = text.find("\n## ", start + len(README_HEADING))
     return text[start:end + 1 if end >= 0 else len(text)]
+
+
+def _md(df) -> str:
+    """A DataFrame as a Markdown table (no index)."""
+    if not len(df):
+        return "(none yet)"
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
+    for r in df.itertuples(index=False):
+        lines.append("| " + " | ".join("" if (isinstance(x, float) and math.isnan(x)) else str(x) for x in r) + " |")
+    return "\n".join(lines)
+
+
+def results_readme(study: dict) -> str:
+    """``results/aware/README.md``: the study's tables, generated (``lab aware study`` writes it)."""
+    m = study["manifest"]
+    parts = ["# The shipped AWARe study", "",
+             "Generated by `lab aware study` from the runs in `runs/` (one JSON file per finished run, keyed by "
+             "everything that changes it); regenerate the tables with `lab aware study --tables-only`, resume the "
+             "study with `lab aware study`, list what is missing with `lab aware study --status`.", "",
+             provenance(study), "", "## Floors", "", _md(baselines(study)), "",
+             "## Did each variant learn the downstream task?", "", learned_sentence(study), "", _md(learned(study)), ""]
+    for g, title in GROUP_TITLES.items():
+        parts += [f"## {title}", "", _md(table(study, g)), ""]
+    parts += ["## Paired differences", "", _md(comparisons(study)), "",
+              "## The paper's findings", "", _md(findings(study)), "",
+              "## Continual sequence", "", _md(continual_table(study)), "", _md(continual_comparisons(study)), "",
+              "## Learning-rate candidates (validation)", "", _md(tuning(study)), ""]
+    return "\n".join(parts)

@@ -8,7 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lab.experiments.aware import shipped, study_views
+import json
+from dataclasses import asdict
+
+from lab.experiments.aware import plan, shipped, study_views
 
 ROOT = Path(__file__).resolve().parents[3]
 STUDY = ROOT / "results" / "aware"
@@ -23,52 +26,79 @@ def study():
 
 def test_manifest_lists_exactly_the_files_shipped_and_its_provenance(study):
     m = study["manifest"]
-    shipped_files = sorted(p.name for p in STUDY.iterdir() if p.is_file() and not p.name.endswith(".sha256"))
+    shipped_files = sorted(p.name for p in STUDY.iterdir() if p.is_file() and not p.name.endswith(".sha256")
+                           and p.name != "README.md")
     assert sorted(m["tables"] + ["manifest.json"]) == shipped_files
-    assert m["command"].startswith("lab aware study") and "--out results/aware" in m["command"]
+    assert m["command"].startswith("lab aware study")
     assert len(m["sources"]["sha256"]) == 64 and m["sources"]["files"]
     assert all(k.startswith(("lab/aware/", "lab/experiments/aware/")) for k in m["sources"]["files"])
-    assert m["wall_s"] > 0 and m["machine"]["cpu_count"] >= 1 and m["finished"] >= m["started"]
-    assert len(m["config"]["seeds"]) >= 3
+    assert m["machine"]["cpu_count"] >= 1 and m["finished"] >= m["started"]
+    assert m["config"] == json.loads(json.dumps(asdict(plan.PRESETS["shipped"])))   # the shipped preset
 
 
-def test_every_variant_ran_on_every_seed_at_its_one_chosen_rate(study):
-    runs, m = study["runs"], study["manifest"]
-    assert set(runs.seed) == set(m["config"]["seeds"])
-    assert (runs.groupby("variant").seed.nunique() == len(m["config"]["seeds"])).all()
-    for v, lr in m["chosen_lr"].items():
-        assert np.allclose(runs[runs.variant == v].lr, lr), v
-    tuning = study["tuning"]
-    chosen = tuning[tuning.chosen].set_index("variant").lr
-    assert chosen.to_dict() == pytest.approx(m["chosen_lr"])
-    assert (tuning.groupby("variant").lr.nunique() >= 2).all()            # every variant chose among rates
-    cfg = shipped.StudyConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in m["config"].items()
-                                 if k != "grids"})
-    assert {shipped.variant_id(v) for v in shipped.variants(cfg)} == set(runs.variant)
+def _records():
+    from lab._io import read_json
+
+    return {p.stem: read_json(p) for p in sorted((STUDY / "runs").glob("*.json"))}
+
+
+def test_every_shipped_run_is_whole_and_belongs_to_the_shipped_plan(study):
+    cfg = plan.PRESETS["shipped"]
+    recs = _records()
+    assert recs, "results/aware/runs holds the finished runs"
+    sizes = {"down": cfg.n_eval, "easy_vqa": cfg.n_easy_eval, "probe": cfg.n_probe,
+             "val:down": cfg.n_val, "val:easy_vqa": cfg.n_val}
+    fp = study["manifest"]["fingerprint"]
+    extra = {}
+    for r in recs.values():       # every rate a run used becomes a candidate of its variant
+        extra.setdefault(r["variant"], set()).add(r["lr"])
+    jobs = plan.plan_tuning(cfg, {k: tuple(v) for k, v in extra.items()})
+    chosen = {plan.variant_id(j.variant): j.lr for j in jobs}
+    keys = {plan.job_key(fp, j, cfg) for j in jobs}
+    for seed_lrs in [{v: lr} for v, lrs in extra.items() for lr in lrs]:
+        keys |= {plan.job_key(fp, j, cfg) for j in plan.plan_tests(cfg, {**chosen, **seed_lrs})}
+    for key, r in recs.items():
+        assert key in keys, f"{key}: not a run of the shipped plan"
+        assert r["steps"] == cfg.steps and len(r["losses"]) == cfg.steps
+        for st, a in r["answers"].items():
+            assert len(a) == sizes[st] and set(a) <= {0, 1}, (key, st)
+        assert r["code"] and r["machine"] and r["seconds"] > 0
 
 
 def test_summary_is_the_mean_over_seeds_and_inside_its_interval(study):
     runs, s = study["runs"], study["summary"]
+    if not len(s):
+        pytest.skip("no test run finished yet")
     mean = runs.groupby("variant")[["downstream", "R", "E", "H"]].mean()
     for r in s.itertuples():
-        if r.metric in mean.columns and np.isfinite(r.estimate):
+        if r.metric in ("downstream", "R") and np.isfinite(r.estimate):
             assert r.estimate == pytest.approx(mean.loc[r.variant, r.metric], abs=1e-6), (r.variant, r.metric)
             assert r.lo - 1e-9 <= r.estimate <= r.hi + 1e-9
-    c = study["comparisons"]
-    assert ((c.lo <= 0) & (c.hi >= 0) == ~c.detected).all()
-    assert (c.verdict.str.contains("no difference detected") == ~c.detected).all()
+    eh = s[s.metric.isin(["E", "H"])]
+    assert eh[~eh.learned.astype(bool)].estimate.isna().all()          # not ranked unless it learned
 
 
-def test_continual_has_both_protocols_with_intervals(study):
-    cs = study["continual_summary"]
-    assert set(cs.protocol) == {p for p, _, _ in shipped.CONTINUAL}
-    assert any("paper" in p for p in cs.protocol) and any("extension" in p for p in cs.protocol)
-    assert set(cs.metric) == {"Avg", "Last", "BWT", "R_after"} and (cs.lo <= cs.hi).all()
-    cont = study["continual"]
-    assert set(cont.seed) == set(study["manifest"]["config"]["seeds"])
+def test_the_finished_study_meets_its_bar(study):
+    """Full fine-tuning learns (95 % lower bound >= floor + 0.15) and clearly forgets (R's upper bound
+    <= 90); LoRA and DoRA answer differently somewhere; intervals tight enough to separate."""
+    if not study["manifest"].get("complete"):
+        pytest.skip("the shipped study is not complete yet (lab aware study --status)")
+    s = study["summary"].set_index(["variant", "metric"])
+    floor = study["learned"].floor.iloc[0]
+    assert s.loc[("methods/full", "downstream"), "lo"] >= floor + 0.15
+    assert s.loc[("methods/full", "R"), "hi"] <= 90
+    for v in ("methods/full", "methods/aware"):
+        assert s.loc[(v, "R"), "hi"] - s.loc[(v, "R"), "lo"] <= 10
+        assert s.loc[(v, "downstream"), "hi"] - s.loc[(v, "downstream"), "lo"] <= 0.10
+    a = study["answers"]
+    lora = a[a.variant == "methods/lora"].sort_values(["seed", "set", "question"]).correct.to_numpy()
+    dora = a[a.variant == "methods/dora"].sort_values(["seed", "set", "question"]).correct.to_numpy()
+    assert (lora != dora).any()
 
 
 def test_answers_reproduce_the_runs_table(study):
+    if not len(study["runs"]):
+        pytest.skip("no test run finished yet")
     a, runs = study["answers"], study["runs"]
     acc = a[a.variant != "base"].groupby(["variant", "seed", "set"]).correct.mean().unstack("set")
     merged = runs.set_index(["variant", "seed"]).join(acc)
@@ -81,6 +111,7 @@ def test_readme_section_is_the_shipped_study(study):
         "README's AWARe section differs from results/aware: regenerate it with "
         "lab.experiments.aware.study_views.readme_section(load_study('results/aware'))")
     assert "the paper's picture" not in study_views.readme_block(readme)
+    assert (STUDY / "README.md").read_text(encoding="utf-8") == study_views.results_readme(study)
 
 
 def test_the_shipped_projector_seeds_an_empty_cache_once_checked_and_never_overwrites(tmp_path):
