@@ -472,7 +472,9 @@ def cmd_check(args) -> int:
         raise V.bad("--out", args.out, "holds no study runs (no runs/ folder); run `lab aware study` first")
     _threads()
     from lab.experiments.aware import runner
+    from lab.experiments.aware.study_views import seed_caches
 
+    seed_caches(out, args.cache_dir)
     env = runner.build_env(PRESETS[args.preset], cache_dir=args.cache_dir, device=args.device,
                            progress=not args.quiet, store=out / "saliency")
     try:

@@ -277,6 +277,9 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
     t_start = time.perf_counter()
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     out = Path(out)
+    from lab.experiments.aware.study_views import seed_caches
+
+    seed_caches(out, cache_dir)    # the study's own aligned projector, where this cache lacks it
     env = runner.build_env(cfg, cache_dir=cache_dir, device=device, progress=progress, store=out / "saliency")
     if status_only:
         return {"status": status(env, out)}

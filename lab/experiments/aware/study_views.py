@@ -145,12 +145,20 @@ def panel_run(study: dict) -> dict:
     return {"results": pd.concat([runs, *extra], ignore_index=True), "run_dir": study["path"]}
 
 
-def provenance(study: dict) -> str:
+def _shown(path) -> str:
+    """A study folder as a reader would type it: relative to the repository when inside it."""
+    try:
+        return Path(path).resolve().relative_to(repo_root()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def provenance(study: dict, *, code_check: bool = True) -> str:
     """Markdown: command, date, machine, compute time, source hash, how complete the study is — and a
     loud line when the code changed."""
     m = study["manifest"]
     cfg, mach = m["config"], m.get("machine", {})
-    lines = [f"**Study** `{study['path']}` — command `{m['command']}`; tables written {m['finished']}; "
+    lines = [f"**Study** `{_shown(study['path'])}` — command `{m['command']}`; tables written {m['finished']}; "
              f"{len(study.get('runs', ())) } test runs and {len(study.get('tuning', ()))} tuning candidates finished, "
              f"{m.get('compute_s', 0) / 3600:.1f} h of run time on {mach.get('cpu', '?')} "
              f"({mach.get('cpu_count', '?')} cores); sources sha256 `{m['sources']['sha256'][:12]}`; seeds "
@@ -163,12 +171,16 @@ def provenance(study: dict) -> str:
         lines.append("**⚠ The study is not complete yet**: the tables below cover the runs finished so far "
                      "(a group or variant that is missing has not run yet). `lab aware study` resumes it, running "
                      "only what is missing; `lab aware study --status` lists what is left.")
-    if study["changed"]:
+    if not code_check:
+        pass
+    elif study["changed"]:
         lines.append(f"**⚠ The code changed since these tables were written** — {len(study['changed'])} computing "
                      f"source file(s) differ from the manifest: {', '.join(study['changed'])}. `lab aware check` "
                      "re-runs a finished run and says whether it still gives the same answers.")
     else:
         lines.append("The computing sources (`lab/aware`, `lab/experiments/aware`) match the manifest's hash.")
+    if not code_check:
+        lines.append("`lab aware check` re-runs a finished run and says whether this code still gives its answers.")
     return "\n\n".join(lines)
 
 
@@ -177,6 +189,7 @@ def baselines(study: dict):
     b = study.get("baselines")
     if b is None or not len(b):
         return _empty("no baselines table in this study")
+    b = b.assign(reference=b.reference.str.replace(r" \(.*\)$", "", regex=True))   # "chance (K options)" -> "chance"
     out = b.pivot_table(index="set", columns="reference", values="acc", sort=False).reset_index()
     out.columns.name = None
     n = b.groupby("set", sort=False).n.first()
@@ -469,7 +482,7 @@ def readme_section(study: dict) -> str:
     m = study["manifest"]
     cfg = m["config"]
     state = ("complete" if m.get("complete", True) else
-             f"in progress ({len(study['runs'])} test runs and {len(study['tuning'])} tuning candidates finished)")
+             "in progress: the tables cover the runs finished so far, and `lab aware study --status` says how far it is")
     parts = [README_HEADING, "",
              f"The shipped study fine-tunes the mini-LLaVA on `{cfg['task']}` questions for {cfg['steps']} steps x "
              f"{cfg['batch_size']} at each variant's own learning rate (at least three candidates, chosen on "
@@ -487,8 +500,9 @@ def readme_section(study: dict) -> str:
              "```", "",
              "Every finished run is one JSON file in `results/aware/runs/`, named by a hash of everything that "
              "changes its numbers (data, method, rate, seed, recipe), so an interrupted study loses at most the runs "
-             "in flight. The whole study, tuning included, is about 6-8 hours of a 2-core machine.", "",
-             *_shipped_cache_line(study)]
+             "in flight. A run takes 6-9 min on one core of this project's 2-core machine (measured on the first "
+             "runs); the whole study, ~110 runs with the tuning, about 6-8 hours with both cores.", "",
+             *_shipped_cache_line(study), ""]
     return "\n".join(parts)
 
 
@@ -497,9 +511,9 @@ def _shipped_cache_line(study: dict) -> list[str]:
     if not entries:
         return []
     return [f"Shipped beside the tables, outside the manifest: {', '.join(f'`{e}`' for e in entries)}, the study's "
-            "aligned projector under its cache key. Notebooks 03 and 04 copy it into an empty cache "
-            "(`study_views.seed_caches`, sha256 checked, never overwriting), so a fresh machine skips the "
-            "projector alignment and runs the study's own projector.", ""]
+            "aligned projector under its cache key. `lab aware study`, `lab aware check` and notebook 03 copy it into "
+            "an empty cache (`study_views.seed_caches`, sha256 checked, never overwriting), so a fresh machine skips "
+            "the projector alignment and resumes the study with its own projector.", ""]
 
 
 def readme_block(text: str) -> str:
@@ -527,7 +541,7 @@ def results_readme(study: dict) -> str:
              "Generated by `lab aware study` from the runs in `runs/` (one JSON file per finished run, keyed by "
              "everything that changes it); regenerate the tables with `lab aware study --tables-only`, resume the "
              "study with `lab aware study`, list what is missing with `lab aware study --status`.", "",
-             provenance(study), "", "## Floors", "", _md(baselines(study)), "",
+             provenance(study, code_check=False), "", "## Floors", "", _md(baselines(study)), "",
              "## Did each variant learn the downstream task?", "", learned_sentence(study), "", _md(learned(study)), ""]
     for g, title in GROUP_TITLES.items():
         parts += [f"## {title}", "", _md(table(study, g)), ""]
