@@ -25,6 +25,7 @@ from torch import nn
 from .head import CosineHead, check_scale_param, class_means
 from ._optim import add_l1_grad, cosine_lr, sgd_step  # noqa: F401  (re-exported)
 from .luca import LuCA, check_flow
+from .ridge import PROJ_DIM, RidgeRouter
 
 
 ENGINES = ("eager", "static", "cuda_graph")
@@ -108,9 +109,14 @@ def cpu_threads(n: int):
 
 
 class Tosca(nn.Module):
-    """Every task's LuCA plus the shared cosine head; ``learn_task`` adds one task."""
+    """Every task's LuCA plus the shared cosine head; ``learn_task`` adds one task.
 
-    def __init__(self, dim: int, config: ToscaConfig = ToscaConfig()):
+    ``ridge_dim``: the projection dimension of the global ridge the ``ridge`` router uses
+    (:class:`~lab.tosca.ridge.RidgeRouter`, seeded from ``config.seed``), accumulated from the
+    frozen training features of every task; 0 collects none (the harness builds its own, from its
+    cached features, only when a ridge router asks: lab/experiments/tosca/methods.py)."""
+
+    def __init__(self, dim: int, config: ToscaConfig = ToscaConfig(), *, ridge_dim: int = PROJ_DIM):
         super().__init__()
         self.dim, self.config = dim, config
         self.luca = nn.ModuleList()  # one frozen LuCA per finished task
@@ -122,6 +128,8 @@ class Tosca(nn.Module):
         self.class_means = torch.empty(0, dim, dtype=torch.float64)  # [C, d]
         self.scatter = torch.zeros(dim, dim, dtype=torch.float64)  # [d, d]
         self.scatter_count = 0
+        # the ridge router's statistics (G, Q of random ReLU features; not saved with the tasks)
+        self.ridge = RidgeRouter(dim, ridge_dim, seed=config.seed) if ridge_dim else None
         self.to(config.device)
 
     @property
@@ -182,7 +190,10 @@ class Tosca(nn.Module):
 
     @torch.no_grad()
     def _add_feature_stats(self, x, y, classes) -> None:
-        """Class means and within-class scatter of the frozen features ``x [n, d]`` (for routers)."""
+        """Class means and within-class scatter of the frozen features ``x [n, d]`` (for routers),
+        and the ridge's Gram statistics."""
+        if self.ridge is not None:
+            self.ridge.update(x, y, num_classes=classes[-1] + 1)
         x, y = x.detach().double().cpu(), y.cpu()
         means = class_means(x, y, classes)  # [K, d]
         centred = x - means[y - classes[0]]
@@ -196,7 +207,7 @@ class Tosca(nn.Module):
 
         task_of_class = torch.tensor([t for t, cs in enumerate(self.task_classes) for _ in cs])
         return RouteContext(features=x.detach().cpu().float(), class_means=self.class_means, scatter=self.scatter,
-                            scatter_count=self.scatter_count, task_of_class=task_of_class)
+                            scatter_count=self.scatter_count, task_of_class=task_of_class, ridge=self.ridge)
 
     def _epochs(self, luca, x, y, batch_features, gen):
         """The eager loop; yields (epoch, lr, mean CE) after each epoch."""
@@ -235,7 +246,10 @@ class Tosca(nn.Module):
         return out
 
     def restore_task(self, tensors: dict[str, torch.Tensor], classes) -> None:
-        """Append a saved task (its LuCA; and the head, when the file carries it)."""
+        """Append a saved task (its LuCA; and the head, when the file carries it). The ridge's
+        statistics are not saved (G is [D, D]: 32 MB at D = 2,000 per file), so a restored model has
+        none: the ``ridge`` router then says so (the harness rebuilds them from its features)."""
+        self.ridge = None
         luca = LuCA(self.dim, ratio=self.config.ratio, flow=self.config.flow).to(self.config.device)
         luca.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("luca.")})
         self.luca.append(luca.eval().requires_grad_(False))

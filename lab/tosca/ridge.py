@@ -121,13 +121,12 @@ class RidgeRouter:
     @torch.no_grad()
     def update(self, x: torch.Tensor, y: torch.Tensor, num_classes: int | None = None) -> None:
         """Add one task's frozen features ``x [n, d]`` and labels ``y [n]`` to G and Q; Q grows to
-        ``num_classes`` columns (default: the largest label + 1). Features are not kept."""
+        ``num_classes`` columns (default: the largest label + 1). Features are not kept. Every call
+        counts as one update (one task), even an empty one."""
         y = y.detach().cpu().long()
         if x.shape[0] != len(y) or x.shape[1] != self.dim:
             raise ValueError(f"update needs x [n, {self.dim}] and y [n] (got {tuple(x.shape)}, {tuple(y.shape)})")
-        if len(y) == 0:
-            return
-        C = max(num_classes or 0, int(y.max()) + 1, self.num_classes)
+        C = max(num_classes or 0, int(y.max()) + 1 if len(y) else 0, self.num_classes)
         if C > self.num_classes:
             self.Q = torch.cat([self.Q, torch.zeros(self.proj_dim, C - self.num_classes, dtype=torch.float64)], 1)
         rows = max(1, _CHUNK_ELEMENTS // self.proj_dim)
@@ -135,7 +134,7 @@ class RidgeRouter:
             h = self.features(xs)
             self.G += h.T @ h
             self.Q += h.T @ F.one_hot(ys, C).double()
-        if self.lam_rule == "auto":
+        if self.lam_rule == "auto" and len(y) >= 2:  # fewer: the last λ stays
             gen = torch.Generator().manual_seed(self.seed + self.updates)
             self.lam = choose_lambda(self.features(x), F.one_hot(y, C).double(), gen)
         self.count += len(y)
@@ -156,8 +155,11 @@ class RidgeRouter:
     def predict(self, x: torch.Tensor, lam: float | None = None) -> torch.Tensor:
         """Class scores ``h W_out`` ``[N, C]`` (float64) for features ``x [N, d]``."""
         W_out = self.solve(lam)
-        return torch.cat([self.features(xs) @ W_out for xs in x.split(max(1, _CHUNK_ELEMENTS // self.proj_dim))]) \
-            if len(x) else torch.zeros(0, W_out.shape[1], dtype=torch.float64)
+        out = torch.zeros(len(x), W_out.shape[1], dtype=torch.float64)
+        rows = max(1, _CHUNK_ELEMENTS // self.proj_dim)
+        for i in range(0, len(x), rows):
+            out[i:i + rows] = self.features(x[i:i + rows]) @ W_out
+        return out
 
     # -- persistence (RanPAC saves its state with every stage) -------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:

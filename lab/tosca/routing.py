@@ -23,6 +23,9 @@ scatter), and — for the reference's per-batch protocol and the oracle only —
   within-class covariance of the frozen features, shrunk as FeCAM (Goswami et al. 2023).
 * ``entropy-ncm`` (ours): entropy where it is confident — the winner's entropy below half of
   log C — and ``ncm`` elsewhere.
+* ``ridge``: the task of the top-1 class of a global ridge classifier on random ReLU features of
+  the frozen features (:class:`lab.tosca.ridge.RidgeRouter`; RanPAC's read-out), the routing of
+  the authors' current repository.
 
 Routing accuracy: the fraction of samples routed to their own task's module.
 """
@@ -51,6 +54,9 @@ class RouteContext:
     task_ids: torch.Tensor | None = None  # [N] true task (oracle; routing accuracy)
     labels: torch.Tensor | None = None  # [N] (per-batch: the reference's class-ordered test order)
     batch_size: int = 48  # per-batch protocol
+    # the fitted global ridge (lab.tosca.ridge.RidgeRouter) over every class seen so far, or a
+    # zero-argument callable that builds it on first use (the harness: only a ridge router pays)
+    ridge: object | None = None
 
     def need(self, router: str, *names: str) -> None:
         missing = [n for n in names if getattr(self, n) is None]
@@ -166,6 +172,17 @@ def _entropy_ncm(logits, ctx):
     best, choice = ent.min(0)
     unsure = best > 0.5 * math.log(logits.shape[-1])
     return torch.where(unsure, _ncm(logits, ctx), choice)
+
+
+@register("ridge", rule="top-1 class of a global ridge on random ReLU features (frozen features; RanPAC read-out)")
+def _ridge(logits, ctx):
+    ctx.need("ridge", "features", "ridge", "task_of_class")
+    ridge = ctx.ridge() if callable(ctx.ridge) else ctx.ridge
+    scores = ridge.predict(ctx.features)  # [N, C]
+    if scores.shape[1] != len(ctx.task_of_class):
+        raise ValueError(f"routing 'ridge': the ridge knows {scores.shape[1]} classes, the modules "
+                         f"{len(ctx.task_of_class)}")
+    return ctx.task_of_class[scores.argmax(1)].long().to(logits.device)
 
 
 def predict(logits: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:

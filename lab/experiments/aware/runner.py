@@ -89,7 +89,7 @@ def build_env(cfg: StudyConfig, *, cache_dir=None, device: str | None = None, pr
     from lab.experiments.aware.ablate import tasks_for
     from lab.experiments.aware.context import setup
     from lab.experiments.aware.finetune import evaluate
-    from lab.experiments.aware.shipped import source_hashes
+    from lab.experiments.aware.provenance import source_hashes
     from lab.experiments.aware.tune import validation_context
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -119,7 +119,7 @@ def build_env(cfg: StudyConfig, *, cache_dir=None, device: str | None = None, pr
 
 
 def _stamp(env: Env, t0: float) -> dict:
-    from lab.experiments.aware.shipped import machine
+    from lab.experiments.aware.provenance import machine
 
     m = machine()
     return {"code": env.code, "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

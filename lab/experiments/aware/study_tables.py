@@ -130,7 +130,6 @@ def build(env, res: Mapping) -> dict:
     import pandas as pd
 
     from lab.experiments.aware.plan import variants, variant_id
-    from lab.experiments.aware.shipped import answers_table, continual_tables
 
     cfg, ctx = env.cfg, env.ctx
     vinfo = {variant_id(v): v for v in variants(cfg)}
@@ -277,3 +276,63 @@ def build(env, res: Mapping) -> dict:
         cs, cc = continual_tables(cont, base, seeds, replicates=cfg.replicates)
         tables["continual_summary"], tables["continual_comparisons"] = cs, cc
     return tables
+
+
+def answers_table(records: list[dict], base_answers: Mapping[str, list]):
+    """Tidy ``variant, seed, set, question, correct`` (``variant='base'``: the model before fine-tuning)."""
+    import pandas as pd
+
+    parts = []
+    for r in [{"variant": "base", "seed": -1, "answers": base_answers}, *records]:
+        for s, a in r["answers"].items():
+            if s.startswith("val:"):
+                continue
+            parts.append(pd.DataFrame({"variant": r["variant"], "seed": int(r["seed"]), "set": s,
+                                       "question": np.arange(len(a)), "correct": np.asarray(a, np.int8)}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def continual_tables(cont_rows: list[dict], base_answers: Mapping, seeds, *, replicates: int = 2000, rng_seed: int = 1):
+    """Per protocol: Avg, Last, BWT and R after the sequence with intervals, plus paired differences
+    (each AWARe protocol minus full fine-tuning, replay minus paper) — :mod:`lab.metrics` on every replicate."""
+    import pandas as pd
+
+    from lab import metrics as LM
+    from lab.experiments.aware import intervals as I
+
+    df = pd.DataFrame(cont_rows)
+    tasks = [t for t in dict.fromkeys(df.task) if not t.startswith("upstream:")]
+    n_stages = int(df.stage.max()) + 1
+    sizes = {f"cont:{t}": len(df[df.task == t].correct.iloc[0]) for t in tasks}
+    sizes.update({k: len(base_answers[k]) for k in ("easy_vqa", "probe")})
+    d = I.draw(seeds, sizes, replicates=replicates, rng_seed=rng_seed)
+    base = {k: I.accuracy(d, k, base_answers[k]) for k in ("easy_vqa", "probe")}
+    out = {}
+    for label in dict.fromkeys(df.label):
+        per = {}
+        for seed in seeds:
+            mine = df[(df.label == label) & (df.seed == seed)]
+            acc = {(int(r.stage), r.task): I.accuracy(d, f"cont:{r.task}" if not r.task.startswith("upstream:")
+                                                     else r.task.split(":", 1)[1], r.correct)
+                   for r in mine.itertuples()}
+            avg, last, bwt = (np.empty(d.replicates + 1) for _ in range(3))
+            for b in range(d.replicates + 1):
+                m = LM.from_stage_rows([[acc[(i, tasks[j])][b] for j in range(i + 1)] for i in range(n_stages)])
+                a_b = LM.stage_averages(m)
+                avg[b], last[b], bwt[b] = LM.average_incremental_accuracy(a_b), LM.last_accuracy(a_b), LM.backward_transfer(m)
+            r_after = (I.retention(base["easy_vqa"], acc[(n_stages - 1, "upstream:easy_vqa")])
+                       + I.retention(base["probe"], acc[(n_stages - 1, "upstream:probe")])) / 2
+            per[seed] = {"Avg": avg, "Last": last, "BWT": bwt, "R_after": r_after}
+        out[label] = {m: I.over_seeds(d, {s: per[s][m] for s in seeds}) for m in ("Avg", "Last", "BWT", "R_after")}
+    rows = [{"protocol": lab_, "metric": m, **I.summarise(arr)} for lab_, ms in out.items() for m, arr in ms.items()]
+    labels = list(out)
+    pairs = [(labels[1], labels[0]), (labels[2], labels[0]), (labels[2], labels[1])] if len(labels) == 3 else []
+    diffs = []
+    for a, b in pairs:
+        for m in ("Avg", "Last", "BWT", "R_after"):
+            s = I.summarise(out[a][m] - out[b][m])
+            scale = 100 if m in ("Avg", "Last", "BWT") else 1
+            diffs.append({"a": a, "b": b, "metric": m, **s, "detected": not I.spans_zero(s["lo"], s["hi"]),
+                          "verdict": I.verdict(a, b, {k: v * scale for k, v in s.items()}, m,
+                                               " pts" if scale == 100 else "")})
+    return pd.DataFrame(rows), pd.DataFrame(diffs)

@@ -17,7 +17,7 @@ METRIC_NAMES = {"R": "R (upstream retained, %)", "E": "E (downstream vs full FT,
 GROUP_TITLES = {"methods": "methods", "rule": "selection rule", "rho": "rho", "targets": "targets",
                 "calibration": "calibration set", "calib_size": "calibration size"}
 REFERENCE = "methods/aware"      # main AWARe: rho 0.3, activation-global, q/k/v + projector, 200 upstream samples
-# who is compared, in words, per headline comparison of lab.experiments.aware.shipped.HEADLINE
+# who is compared, in words, per headline comparison of lab.experiments.aware.study_tables.HEADLINE
 PAIR_NAMES = {"AWARe vs full fine-tuning": ("AWARe", "full fine-tuning"), "AWARe vs LoRA": ("AWARe", "LoRA"),
               "AWARe vs DoRA": ("AWARe", "DoRA"), "activation vs weight-norm": ("activation selection", "weight-norm selection"),
               "activation vs random": ("activation selection", "random selection"),
@@ -74,7 +74,7 @@ def load_study(path="results/aware") -> dict:
     import pandas as pd
 
     from lab._io import read_csv, read_json
-    from lab.experiments.aware.shipped import changed_sources
+    from lab.experiments.aware.provenance import changed_sources
 
     path = _study_dir(path)
     if not (path / "manifest.json").exists():

@@ -26,6 +26,7 @@ from torch import nn
 
 from lab.tosca.head import CosineHead, class_means
 from lab.tosca.learner import NonFiniteLoss, ToscaConfig, cosine_lr, cpu_threads, sgd_step
+from lab.tosca.ridge import RIDGES, RidgeRouter  # noqa: F401  (RIDGES: RanPAC's λ grid, re-exported)
 from lab.tosca.routing import shrink
 
 from ._base import Method, register
@@ -213,9 +214,6 @@ class FeCAM(_Stored):
         return -torch.stack(out, 1)[None]
 
 
-RIDGES = tuple(10.0 ** k for k in range(-8, 14))  # RanPAC's grid (their optimise_ridge_parameter)
-
-
 @register("ranpac", trains=False)
 class RanPAC(_Stored):
     """RanPAC (McDonnell et al., NeurIPS 2023, Sec. 4; their public code ``RanPAC.py``) on frozen
@@ -224,46 +222,34 @@ class RanPAC(_Stored):
     ``W_o = (G + λ I)⁻¹ Q``. λ per stage, as their code: from 10⁻⁸..10¹³, the one with the least
     MSE when the stage's training data is split 80 / 20 (here after a seeded shuffle, because our
     training rows are ordered by class). ``M`` = 2,000 here (ours; the paper's 10,000 costs minutes
-    of CPU per stage) — set ``RanPAC.projection``."""
+    of CPU per stage) — set ``RanPAC.projection``.
+
+    The classifier is :class:`lab.tosca.ridge.RidgeRouter`, the implementation the ``ridge`` router
+    uses, with RanPAC's choices: raw (not L2-normalised) features and λ ``"auto"``."""
 
     projection = 2000
 
     def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached"):
         super().__init__(dim, cfg, backbone=backbone, mode=mode)
-        g = torch.Generator().manual_seed(cfg.seed)
-        M = self.projection
-        self.state = {"W": torch.randn(dim, M, generator=g), "G": torch.zeros(M, M, dtype=torch.float64),
-                      "Q": torch.zeros(M, 0, dtype=torch.float64), "Wo": torch.zeros(M, 0),
-                      "ridge": torch.zeros(1)}
+        self.ridge = RidgeRouter(dim, self.projection, seed=cfg.seed, lam="auto", normalize=False)
+        self.Wo = torch.zeros(self.projection, 0)  # the solved read-out, float32
 
-    def _h(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(x.float() @ self.state["W"]).double()
+    @property
+    def state(self) -> dict:
+        """What a stage saves: the ridge's W, G, Q, λ and counts, and the solved ``Wo``."""
+        return {**self.ridge.state_dict(), "Wo": self.Wo}
+
+    @state.setter
+    def state(self, tensors: dict) -> None:
+        self.ridge.load_state_dict(tensors)
+        self.Wo = tensors["Wo"].float()
 
     @torch.no_grad()
     def learn_task(self, t, classes, data, on_epoch=None) -> None:
         m = data.train_task == t
-        h, y = self._h(data.train_x[m]), data.train_y[m]
-        C = classes[-1] + 1
-        Y = F.one_hot(y, C).double()
-        Q = torch.cat([self.state["Q"], torch.zeros(self.state["Q"].shape[0], C - self.state["Q"].shape[1],
-                                                    dtype=torch.float64)], 1)
-        G, Q = self.state["G"] + h.T @ h, Q + h.T @ Y
-        ridge = self._choose_ridge(h, Y, torch.Generator().manual_seed(self.cfg.seed + t))
-        eye = torch.eye(len(G), dtype=G.dtype)
-        Wo = torch.cholesky_solve(Q, torch.linalg.cholesky(G + ridge * eye))  # (G + λI)⁻¹ Q
-        self.state.update(G=G, Q=Q, Wo=Wo.float(), ridge=torch.tensor([ridge]))
-
-    @staticmethod
-    def _choose_ridge(h: torch.Tensor, Y: torch.Tensor, gen: torch.Generator) -> float:
-        perm = torch.randperm(len(h), generator=gen)
-        n = int(0.8 * len(h))
-        tr, va = perm[:n], perm[n:]
-        evals, evecs = torch.linalg.eigh(h[tr].T @ h[tr])
-        proj_q = evecs.T @ (h[tr].T @ Y[tr])  # [M, C]
-        hv = h[va] @ evecs  # [n_val, M]
-        losses = [float(((hv @ (proj_q / (evals + r)[:, None]) - Y[va]) ** 2).mean()) for r in RIDGES]
-        return RIDGES[int(torch.tensor(losses).argmin())]
+        self.ridge.update(data.train_x[m], data.train_y[m], num_classes=classes[-1] + 1)  # λ chosen here
+        self.Wo = self.ridge.solve().float()
 
     @torch.no_grad()
     def logits(self, data, idx) -> torch.Tensor:
-        return (self._h(data.test_x[idx]).float() @ self.state["Wo"])[None]
+        return (self.ridge.features(data.test_x[idx]).float() @ self.Wo)[None]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from lab.tosca.learner import Tosca, ToscaConfig
+from lab.tosca.ridge import PROJ_DIM, RidgeRouter
 
 from . import baselines as _baselines  # noqa: F401  (registers the baselines)
 from . import layerwise as _layerwise  # noqa: F401  (registers the layer-wise adapter)
@@ -32,13 +33,22 @@ from .augment import AugmentedFeatures
 
 @register("tosca", routed=True)
 class ToscaMethod(Method):
-    """TOSCA (lab.tosca.learner): one LuCA per task, routed at test time."""
+    """TOSCA (lab.tosca.learner): one LuCA per task, routed at test time.
+
+    The ``ridge`` router's statistics are built here, not in the learner: from the cached
+    (un-augmented) frozen training features of every learned task, on the first evaluation that
+    asks for them, then one task per stage — so runs without that router pay nothing, training
+    times stay TOSCA's own, and a resumed run rebuilds them (the same updates in the same order,
+    the same numbers) instead of saving a [D, D] Gram matrix with every task."""
+
+    ridge_dim = PROJ_DIM  # the ridge router's projection dimension (the authors': 15,000)
 
     def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached"):
         super().__init__(dim, cfg, backbone=backbone, mode=mode)
         if mode == "augment" and backbone is None:
             raise ValueError("augment mode needs the backbone")
-        self.model = Tosca(dim, cfg)
+        self.model = Tosca(dim, cfg, ridge_dim=0)
+        self._ridge: RidgeRouter | None = None
 
     def learn_task(self, t, classes, data: ScenarioData, on_epoch=None) -> None:
         m = data.train_task == t
@@ -54,7 +64,19 @@ class ToscaMethod(Method):
         return self.model.all_logits(data.test_x[idx]).cpu()
 
     def route_context(self, data: ScenarioData, idx):
-        return self.model.route_context(data.test_x[idx])
+        ctx = self.model.route_context(data.test_x[idx])
+        ctx.ridge = lambda: self.ridge(data)  # built only when a ridge router asks
+        return ctx
+
+    def ridge(self, data: ScenarioData) -> RidgeRouter:
+        """The global ridge over every task learned so far (brought up to date from ``data``)."""
+        if self._ridge is None:
+            self._ridge = RidgeRouter(self.dim, self.ridge_dim, seed=self.cfg.seed)
+        while self._ridge.updates < self.model.num_tasks:
+            t = self._ridge.updates
+            m = data.train_task == t
+            self._ridge.update(data.train_x[m], data.train_y[m], num_classes=self.model.task_classes[t][-1] + 1)
+        return self._ridge
 
     def task_tensors(self, t) -> dict:
         return self.model.task_tensors(t)
