@@ -139,7 +139,11 @@ def cmd_features(args) -> int:
 
 _JUPYTER_FIXED = ("--ip", "--ServerApp.ip", "--port", "--ServerApp.port", "--ServerApp.token",
                   "--IdentityProvider.token", "--ServerApp.password", "--PasswordIdentityProvider",
-                  "--ServerApp.allow_origin", "--ServerApp.allow_remote_access", "--ServerApp.disable_check_xsrf")
+                  "--ServerApp.allow_origin", "--ServerApp.allow_origin_pat", "--ServerApp.allow_remote_access",
+                  "--ServerApp.disable_check_xsrf", "--ServerApp.allow_unauthenticated_access", "--config",
+                  "--ServerApp.config_file", "--JupyterApp.config_file", "--IdentityProvider.token",
+                  "--IdentityProvider.token_generator", "--ServerApp.identity_provider_class",
+                  "--ServerApp.authorizer_class")
 
 
 def check_jupyter(args) -> None:

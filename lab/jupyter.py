@@ -72,9 +72,37 @@ def build_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], 
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         argv.append("--allow-root")
     argv += [a for a in args.extra if a != "--"]
-    # JUPYTER_TOKEN keeps the token out of `ps` output; jupyter_server reads it at start.
+    # Last, so that neither the arguments after '--' nor any config file (the user's ~/.jupyter, a
+    # jupyter_server_config.py with token = '') can lift them: the address, the token and the origin
+    # checks, in a private (0600) config file loaded after every other one, plus the same on the
+    # command line, which wins over all files. The token stays out of `ps` output.
+    argv += [f"--config={_locked_config(token)}", *LOCKED]
     env = {**os.environ, "JUPYTER_TOKEN": token}
     return argv, env, f"http://127.0.0.1:{port}/{page}?token={token}"
+
+
+LOCKED = ("--ServerApp.allow_origin=", "--ServerApp.allow_origin_pat=",
+          "--ServerApp.allow_remote_access=False", "--ServerApp.disable_check_xsrf=False",
+          "--ServerApp.allow_unauthenticated_access=False")
+
+
+def _locked_config(token: str) -> str:
+    """A private config file holding the token and the lock-down settings (removed at exit when the
+    server stops; a 0600 file in a 0700 folder of the system's temporary directory)."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="lab-jupyter-")
+    path = os.path.join(folder, "lab_jupyter_config.py")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"c.IdentityProvider.token = {token!r}\n"
+                 "c.PasswordIdentityProvider.hashed_password = ''\n"
+                 "c.ServerApp.ip = '127.0.0.1'\n"
+                 "c.ServerApp.allow_origin = ''\n"
+                 "c.ServerApp.allow_origin_pat = ''\n"
+                 "c.ServerApp.allow_remote_access = False\n"
+                 "c.ServerApp.disable_check_xsrf = False\n")
+    return path
 
 
 def _cmd(args: argparse.Namespace) -> int:

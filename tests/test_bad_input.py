@@ -271,6 +271,8 @@ ROWS: list[Row] = [
     R("jupyter", "--ui", ["--ui", "classic"], "argument --ui: invalid choice: 'classic'"),
     R("jupyter", "--dry-run", ["--dry-run=1"], "ignored explicit argument"),
     R("jupyter", "extra", ["--dry-run", "--", "--ip=0.0.0.0"], "--ip=0.0.0.0: the address, port and token are set"),
+    R("jupyter", "extra", ["--dry-run", "--", "--ServerApp.allow_origin_pat=.*"], "the address, port and token are set"),
+    R("jupyter", "extra", ["--dry-run", "--", "--config=/tmp/x.py"], "the address, port and token are set"),
 ]
 
 

@@ -37,14 +37,21 @@ def test_command_binds_localhost_with_a_fresh_token_and_the_notebooks_root(tmp_p
 def test_extra_arguments_pass_through(tmp_path):
     argv, _, _ = jupyter.build_command(parse("--root-dir", str(tmp_path), "--port", "8999", "--",
                                              "--ServerApp.log_level=WARN"))
-    assert "--port=8999" in argv and argv[-1] == "--ServerApp.log_level=WARN"
+    assert "--port=8999" in argv and "--ServerApp.log_level=WARN" in argv
+    # the lock-down comes after the pass-through arguments (later wins) and holds the token privately
+    i = argv.index("--ServerApp.log_level=WARN")
+    conf = next(a for a in argv[i:] if a.startswith("--config="))
+    assert argv[-len(jupyter.LOCKED):] == list(jupyter.LOCKED)
+    path = conf.split("=", 1)[1]
+    assert (os.stat(path).st_mode & 0o777) == 0o600 and "IdentityProvider.token" in open(path).read()
 
 
 def test_ui_notebook_starts_notebook7_on_the_same_terms(tmp_path):
     lab_argv, _, lab_url = jupyter.build_command(parse("--root-dir", str(tmp_path), "--port", "8999"))
     argv, env, url = jupyter.build_command(parse("--root-dir", str(tmp_path), "--port", "8999", "--ui", "notebook"))
     assert argv[1:3] == ["-m", "notebook"] and lab_argv[1:3] == ["-m", "jupyterlab"]
-    assert argv[3:] == lab_argv[3:]  # same address, port, root folder, kernel
+    same = lambda a: [x for x in a[3:] if not x.startswith("--config=")]  # noqa: E731  (a private file each)
+    assert same(argv) == same(lab_argv)  # same address, port, root folder, kernel, lock-down
     assert url == f"http://127.0.0.1:8999/tree?token={env['JUPYTER_TOKEN']}" and "/lab?token=" in lab_url
 
 
@@ -81,8 +88,14 @@ def test_server_starts_and_requires_the_token(tmp_path):
         {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     port = jupyter._free_port(8950)
     log = open(tmp_path / "jupyter.log", "wb")  # a file, not a pipe nobody reads (a full pipe blocks)
+    # a user config that would switch the token off and open the origins: lab jupyter still locks it
+    conf = tmp_path / "jupyter-config"
+    conf.mkdir()
+    (conf / "jupyter_server_config.py").write_text("c.IdentityProvider.token = ''\nc.ServerApp.allow_origin_pat = '.*'\n"
+                                                   "c.ServerApp.ip = '0.0.0.0'\n")
     proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "jupyter", "--port", str(port), "--token", "t0k",
-                             "--root-dir", str(root)], stdout=log, stderr=subprocess.STDOUT)
+                             "--root-dir", str(root)], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, "JUPYTER_CONFIG_DIR": str(conf)})
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -99,6 +112,7 @@ def test_server_starts_and_requires_the_token(tmp_path):
             except OSError:
                 continue
         assert _get(f"{base}/api/status")[0] == 403
+        assert _get(f"{base}/api/contents")[0] == 403
         specs = json.loads(_get(f"{base}/api/kernelspecs?token=t0k")[1])
         if "continual-lab" in specs["kernelspecs"]:
             assert specs["default"] == "continual-lab"
