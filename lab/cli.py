@@ -277,6 +277,10 @@ EXPECTED = (KeyError, ValueError, OSError, RuntimeError, re.error, ImportError, 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["tosca", "study"]:    # the shipped TOSCA study: its own parser (lab tosca study --help)
+        from lab.experiments.tosca.study import main as study_main
+
+        return study_main(argv[2:], prog="lab tosca study")
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

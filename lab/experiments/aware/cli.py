@@ -92,6 +92,8 @@ def register(subparsers) -> None:
                         "study; a new runs/aware/study-... folder for any other preset)")
     q.add_argument("--preset", default="shipped", choices=["shipped", "smoke"],
                    help="study size (shipped: the committed study; smoke: a random tiny model, seconds)")
+    q.add_argument("--replace", action="store_true",
+                   help="allow writing tables over a study in --out that was made with another preset")
     q.add_argument("--status", action="store_true", help="print which runs are finished and which are missing; run nothing")
     q.add_argument("--tables-only", action="store_true",
                    help="write the tables from the finished runs (the phases that are complete); run nothing")
@@ -440,6 +442,7 @@ def cmd_study(args) -> int:
     else:
         out = args.out
     V.out_dir("--out", out)
+    _refuse_other_study(out, cfg, args.replace)
     _threads()
     from lab.experiments.aware.shipped import run_study
 
@@ -456,6 +459,28 @@ def cmd_study(args) -> int:
                 print("  " + v)
     print(f"\nwall time {res['manifest']['wall_s']:.0f}s; tables and manifest.json in {res['out']}")
     return 0
+
+
+def _refuse_other_study(out, cfg, replace: bool) -> None:
+    """A study folder made with another configuration (the shipped study, say) is never written over
+    by accident: one line, before any work; ``--replace`` allows it."""
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from lab import _validate as V
+    from lab._io import read_json
+
+    f = Path(out) / "manifest.json"
+    if replace or not f.exists():
+        return
+    try:
+        then = read_json(f).get("config")
+    except Exception:
+        then = None
+    if then != json.loads(json.dumps(asdict(cfg))):
+        raise V.bad("--out", str(out), "holds a study made with another configuration; give another --out, "
+                                       "or --replace to write over its tables")
 
 
 def cmd_check(args) -> int:

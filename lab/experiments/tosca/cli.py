@@ -5,6 +5,8 @@ Imports stay inside the handler, so ``lab --help`` does not load torch.
 from __future__ import annotations
 
 _EPILOG = """\
+the shipped study (every router and baseline, several seeds, 95 % intervals): lab tosca study --help
+
 methods:
   tosca              one LuCA module per task on the frozen decision-point feature, entropy routing
   simplecil          prototype cosine classifier on the frozen features (no training)
@@ -27,6 +29,8 @@ routing (TOSCA is evaluated under --routings and --routing; --routing picks the 
   ncm          the task of the nearest class mean of the frozen features
   mahalanobis  the same under one shared, shrunk covariance of the frozen features
   entropy-ncm  entropy where its winner is confident, ncm elsewhere
+  ridge        the task of the top-1 class of a global ridge classifier on random ReLU features
+               of the frozen features (RanPAC's read-out; the authors' current routing)
 
 modes:
   cached   train on cached backbone features (no backbone pass during training; default)

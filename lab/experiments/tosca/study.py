@@ -176,8 +176,9 @@ def _digest(sources: dict) -> str:
     return hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab.experiments.tosca.study", description=__doc__.split("\n")[0])
+def main(argv=None, prog: str = "lab tosca study") -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), help="datasets, '+' chains them")
     p.add_argument("--seeds", nargs="+", type=int, default=[1993, 1994, 1995])
     p.add_argument("--baselines", nargs="*", default=list(BASELINES))
@@ -186,25 +187,88 @@ def main(argv=None) -> int:
     p.add_argument("--resolution", type=int, default=None)
     p.add_argument("--flow-scenarios", nargs="*", default=None,
                    help="scenarios of the LuCA flow ablation (default: the first of --scenarios)")
-    p.add_argument("--out", default="results/tosca")
+    p.add_argument("--out", default=None,
+                   help="study folder (default: a new runs/tosca/study-... folder; the shipped study is "
+                        "--out results/tosca)")
+    p.add_argument("--replace", action="store_true",
+                   help="allow writing over a study in --out that was made with other settings")
     p.add_argument("--executor", default="local", choices=("local", "ray"),
                    help="local: one variant after another; ray: one Ray task per variant (finished variants "
                         "are kept in OUT/variants/ and skipped when the same command runs again)")
     p.add_argument("--address", default=None, help="join the Ray cluster at this address (with --executor ray)")
     args = p.parse_args(argv)
-    from lab import executors
-
     try:
-        executors.check(args.executor, args.address)
-    except ValueError as exc:
-        p.error(str(exc))
+        return _main(args, argv, prog)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; finished variants are kept in {args.out or 'the study folder'}/variants/ and "
+              "skipped when the same command runs again", file=sys.stderr)
+        return 130
+    except (ValueError, KeyError, OSError) as exc:
+        from lab.cli import one_line
+
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def check_arguments(args) -> None:
+    """Every argument of the study, before any work (one line naming the first bad one)."""
+    from lab import _validate as V
+    from lab import executors
+    from lab.data import datasets
+    from lab.experiments.tosca.methods import list_methods
+
+    V.count("--epochs", args.epochs, maximum=100_000)
+    V.count("--inc", args.inc, maximum=100_000)
+    if args.resolution is not None:
+        V.count("--resolution", args.resolution, minimum=32, maximum=4096)
+    if not args.seeds:
+        raise V.bad("--seeds", "", "give at least one seed")
+    for s in args.seeds:
+        V.seed("--seeds", s)
+    if len(set(args.seeds)) != len(args.seeds):
+        raise V.bad("--seeds", " ".join(map(str, args.seeds)), "lists a seed twice; give each seed once")
+    valid = set(datasets.list_datasets()) if hasattr(datasets, "list_datasets") else None
+    for scn in [*args.scenarios, *(args.flow_scenarios or [])]:
+        for part in scn.split("+"):
+            if valid is not None and part not in valid:
+                raise V.bad("--scenarios", scn, f"unknown dataset {part!r}; valid: {', '.join(sorted(valid))}")
+    methods = set(list_methods())
+    for b in args.baselines:
+        if b not in methods or b == "tosca":
+            raise V.bad("--baselines", b, f"not a baseline; valid: {', '.join(sorted(methods - {'tosca'}))}")
+    if args.address is not None and args.executor != "ray":
+        raise V.bad("--address", args.address, "joins a Ray cluster: needs --executor ray")
+    executors.check(args.executor, args.address)
+    if args.out is not None:
+        V.out_dir("--out", args.out)
+
+
+def _main(args, argv, prog) -> int:
+    check_arguments(args)
+    if args.out is None:
+        from lab import runs
+
+        args.out = str(runs.new_run_dir("tosca", "study"))
+    base = RunConfig(epochs=args.epochs, inc=args.inc, resolution=args.resolution)
+    old = Path(args.out) / "manifest.json"
+    if old.exists() and not args.replace:
+        from lab._io import read_json
+
+        try:
+            then = read_json(old)
+        except Exception:
+            then = {}
+        same = (then.get("base_config") == base.to_dict() and then.get("scenarios") in (None, list(args.scenarios))
+                and then.get("seeds") in (None, list(args.seeds)))
+        if not same:
+            raise ValueError(f"--out {args.out} holds a study made with other settings ({then.get('command', '?')}); "
+                             "give another --out, or --replace to write over it")
     import tempfile
 
     import torch
 
     from lab import _io
 
-    base = RunConfig(epochs=args.epochs, inc=args.inc, resolution=args.resolution)
     configs = variants(base, scenarios=args.scenarios, seeds=args.seeds, baselines=args.baselines,
                        flow_scenarios=args.flow_scenarios)
     out = Path(args.out)
@@ -219,7 +283,7 @@ def main(argv=None) -> int:
 
     _write_csv(out / "runs.csv", pd.DataFrame(rows))
     _write_csv(out / "summary.csv", summarise(rows))
-    manifest = {"command": "python -m lab.experiments.tosca.study " + " ".join(argv if argv is not None else sys.argv[1:]),
+    manifest = {"command": f"{prog} " + " ".join(argv), "scenarios": list(args.scenarios), "seeds": list(args.seeds),
                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "machine": machine(), "executor": args.executor,
                 "wall_seconds": round(wall, 1), "runs": len(configs), "base_config": base.to_dict(),
@@ -237,4 +301,4 @@ def _write_csv(path: Path, df) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(prog="python -m lab.experiments.tosca.study"))
