@@ -24,23 +24,24 @@ the λ of :data:`RIDGES` with the least mean squared error on a 20 % split of th
 out data of earlier tasks would mean storing their features, which the method does not; the λ
 chosen on the latest task then serves every class.
 
-Projection dimension. The authors route with ``D = 15,000`` on a GPU (``ridge_proj_dim``); the
-default here is :data:`PROJ_DIM` = 2,000, what a CPU affords per task. Measured on the shared 2-core
-AMD EPYC box (both cores busy with another job, ``nice 19``, 1 torch thread, 5,000 samples per
-update, 100 classes, 2,048-row chunks; the authors' 15,000 with 2,000 samples):
+Projection dimension. The authors route with ``D = 15,000`` (``ridge_proj_dim`` in every config); the
+default here is :data:`PROJ_DIM` = 2,000, what a CPU affords per task (the solve is cubic in D).
+Measured on the shared 2-core AMD EPYC box, both cores busy with another job (``nice 19``), 1 torch
+thread, 100 classes, 5,000 samples per update (2,000 at D = 15,000):
 
-==========  =====  ==================  ==============  =======================
-feature d   D      update (per sample)  solve (Cholesky)  G (float64) / peak RSS
-==========  =====  ==================  ==============  =======================
-1280        2000   0.30 ms              0.38 s          32 MB / 0.77 GB
-768         2000   0.22 ms              0.15 s          32 MB / 0.75 GB
-1280        5000   1.32 ms              1.44 s          200 MB / 1.28 GB
-768         5000   1.18 ms              1.38 s          200 MB / 1.26 GB
-1280        15000  see docs/tosca.md    see docs/tosca.md  1.8 GB
-768         15000  see docs/tosca.md    see docs/tosca.md  1.8 GB
-==========  =====  ==================  ==============  =======================
+=========  ======  ===================  ===========  ========  =========
+feature d  D       update, per sample   solve        G         peak RSS
+=========  ======  ===================  ===========  ========  =========
+1280       2,000   0.30–0.34 ms         0.2–0.4 s    32 MB     0.8 GB
+768        2,000   0.22–0.29 ms         0.15–0.2 s   32 MB     0.8 GB
+1280       5,000   1.3 ms               1.4 s        200 MB    1.3 GB
+768        5,000   1.2 ms               1.4 s        200 MB    1.3 GB
+1280       15,000  10 ms                34 s         1.8 GB    6.1 GB
+768        15,000  11 ms                38 s         1.8 GB    6.1 GB
+=========  ======  ===================  ===========  ========  =========
 
-(peak RSS includes torch itself, about 0.5 GB.)
+(Peak RSS includes torch itself, about 0.6 GB; the solve makes two more [D, D] float64 copies.
+The D = 15,000 rows were measured with the same operations in a stand-alone script.)
 """
 from __future__ import annotations
 

@@ -92,7 +92,7 @@ class AblationPanel(Panel):
         import ipywidgets as w
 
         self.results, self.study, self.seed = results, study, seed
-        groups = list(dict.fromkeys(results.group))
+        groups = list(dict.fromkeys(results.group)) or [group]   # a study with no finished test run yet: masks only
         controls = {
             "group": w.Dropdown(options=groups, value=group if group in groups else groups[0], description="group"),
             "metric": w.Dropdown(options=[m for m in self.METRICS if m in results.columns], value=metric,
@@ -131,15 +131,23 @@ class AblationPanel(Panel):
         from lab import plots
         from lab.experiments.aware.ablation_views import summary
 
-        s = summary(self.results, group)
         pct = metric in ("R", "E", "H")
-        fig = plots.bar(s, x="variant", y=metric, range_y=None,
-                        title=f"{group}: {metric}" + (" (%)" if pct else "") + " per variant, mean over seeds")
-        if pct:
-            fig.add_hline(y=100, line_dash="dot", line_color="grey")
-        best = s.loc[s[metric].idxmax()]
-        result = {"group": group, "metric": metric, "table": s, "best": best.variant,
-                  "best_value": float(best[metric])}
+        if not len(self.results):
+            import plotly.graph_objects as go
+
+            s = self.results
+            fig = go.Figure().update_layout(title="no finished test run yet: only the mask re-selection below", height=200)
+            result = {"group": group, "metric": metric, "table": s, "best": None, "best_value": float("nan")}
+        else:
+            s = summary(self.results, group)
+            fig = plots.bar(s, x="variant", y=metric, range_y=None,
+                            title=f"{group}: {metric}" + (" (%)" if pct else "") + " per variant, mean over seeds")
+            if pct:
+                fig.add_hline(y=100, line_dash="dot", line_color="grey")
+            ok = s[metric].notna()
+            best = s[ok].loc[s[ok][metric].idxmax()] if ok.any() else None
+            result = {"group": group, "metric": metric, "table": s, "best": None if best is None else best.variant,
+                      "best_value": float("nan") if best is None else float(best[metric])}
         figs = [fig]
         if self.study is not None:
             from lab.aware.masking import frozen_fraction
@@ -174,7 +182,8 @@ class AblationPanel(Panel):
         return {k: float(rows[k].mean()) for k in ("R", "E", "H") if k in rows}
 
     def describe(self, r) -> str:
-        line = f"{r['group']}: highest {r['metric']} is <b>{r['best']}</b> ({r['best_value']:.3g})"
+        line = (f"{r['group']}: highest {r['metric']} is <b>{r['best']}</b> ({r['best_value']:.3g})" if r["best"]
+                else f"{r['group']}: no finished test run with {r['metric']} yet")
         if "frozen_fraction" in r:
             per = ", ".join(f"{k} {v * 100:.0f}%" for k, v in r["by_target"].items() if k != "all targets")
             m = r["measured"]

@@ -51,6 +51,7 @@ class ToscaPanel(Panel):
                                     for idx in (torch.nonzero(data.train_task == t).squeeze(1)
                                                 for t in range(data.num_tasks))])
         self._models: dict[tuple[float, int, str], tuple] = {}
+        self._methods: dict[tuple[float, int, str], object] = {}  # the same keys: the harness's ToscaMethod
         self._baselines: dict[tuple[str, int], float] = {}
         super().__init__({
             "l1": w.FloatLogSlider(value=l1, base=10, min=-6, max=-1, step=0.25, description="L1",
@@ -74,7 +75,9 @@ class ToscaPanel(Panel):
         if key not in self._models:
             d = self.data
             cfg = replace(self.config, l1=float(l1), epochs=int(epochs), head_scale_param=sigma)
-            model = methods.fit(methods.create("tosca", d.dim, cfg), d).model
+            method = methods.fit(methods.create("tosca", d.dim, cfg), d)
+            self._methods[key] = method  # its route_context serves every router (the ridge on demand)
+            model = method.model
             x, task = d.train_x[self._gate_idx], d.train_task[self._gate_idx]
             gates = TA.gate_sparsity(model, x, task)
             ov = TA.overlap(model, x, task).pivot(index="task_i", columns="task_j", values="cosine")
@@ -95,7 +98,7 @@ class ToscaPanel(Panel):
             self._baselines[key] = float((logits.argmax(1) == d.test_y).float().mean() * 100)
         return self._baselines[key]
 
-    def _route(self, model, logits, routing: str, batch_size: int):
+    def _route(self, method, logits, routing: str, batch_size: int):
         import torch
 
         from lab import analysis
@@ -108,7 +111,7 @@ class ToscaPanel(Panel):
         if routing == "per-batch (class-ordered)":
             # the reference's order: stable sort by label (lab.tosca.routing's per-batch)
             return analysis.route_in_order(logits, torch.sort(d.test_y, stable=True).indices, batch_size)
-        ctx = model.route_context(d.test_x)
+        ctx = method.route_context(d, torch.arange(len(d.test_y)))  # the ridge router's statistics on demand
         ctx.task_ids = d.test_task
         return choose(logits, routing, ctx)
 
@@ -124,7 +127,7 @@ class ToscaPanel(Panel):
             raise ValueError(f"unknown routing {routing!r}; valid: {', '.join(ROUTING_CHOICES)}")
         model, logits, gates, ov = self._train(l1, epochs, sigma)
         d = self.data
-        choice = self._route(model, logits, routing, batch_size)
+        choice = self._route(self._methods[float(l1), int(epochs), sigma], logits, routing, batch_size)
         acc = float((predict(logits, choice) == d.test_y).float().mean() * 100)
         racc = float((choice == d.test_task).float().mean() * 100)
         oracle = float((predict(logits, d.test_task.long()) == d.test_y).float().mean() * 100)
