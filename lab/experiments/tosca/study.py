@@ -204,9 +204,8 @@ def main(argv=None, prog: str = "lab tosca study") -> int:
               "skipped when the same command runs again", file=sys.stderr)
         return 130
     except (ValueError, KeyError, OSError) as exc:
-        from lab.cli import one_line
-
-        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"{prog}: error: {' '.join(str(msg).split())}", file=sys.stderr)
         return 2
 
 
