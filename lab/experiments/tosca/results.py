@@ -1,7 +1,7 @@
 """The shipped TOSCA study (``results/tosca``) read back: tables with 95 % intervals, paired
 comparisons, figures, provenance, a stale-source check and prose computed from the numbers.
 
-``python -m lab.experiments.tosca.study`` writes ``runs.csv`` (one row per scenario, seed, method,
+``lab tosca study`` writes ``runs.csv`` (one row per scenario, seed, method,
 flow, initialisation and routing), ``summary.csv`` and ``manifest.json``;
 ``python -m lab.experiments.tosca.efficiency`` writes ``efficiency_*.csv`` and
 ``efficiency_manifest.json``. Notebook 02 and the README's TOSCA section are rendered from these.
@@ -55,7 +55,7 @@ def load(folder=None) -> Shipped:
     folder = Path(folder or RESULTS)
     if not (folder / "manifest.json").is_file():
         raise FileNotFoundError(f"no shipped TOSCA study in {folder}: run "
-                                f"`python -m lab.experiments.tosca.study --out {folder}`")
+                                f"`lab tosca study --out {folder}`")
     runs = read_csv(folder / "runs.csv", keep_default_na=False, na_values=[""])
     for k in ("flow", "head_init", "luca_init"):
         runs[k] = runs[k].fillna("")

@@ -24,7 +24,7 @@ def shipped():
 
 def test_manifest_names_command_sources_date_machine_and_wall_time(shipped):
     m = shipped.manifest
-    assert m["command"].startswith("python -m lab.experiments.tosca.study")
+    assert m["command"].startswith(("lab tosca study", "python -m lab.experiments.tosca.study"))
     assert m["date"] and m["wall_seconds"] > 0 and m["machine"]["platform"]
     hashed = {p.relative_to(ROOT).as_posix() for p in [*(ROOT / "lab" / "tosca").glob("*.py"),
                                                        *(ROOT / "lab" / "experiments" / "tosca").glob("*.py")]
