@@ -230,11 +230,17 @@ ROWS: list[Row] = [
     R("aware study", "--out", ["--out", "{file}"], "--out {file}: is a file, not a folder"),
     R("aware study", "--preset", ["--preset", "huge"], "argument --preset: invalid choice"),
     R("aware study", "--status", ["--status=1"], "ignored explicit argument"),
-    R("aware study", "--replace", ["--preset", "smoke", "--out", "results/aware"],
+    R("aware study", "--out", ["--preset", "smoke", "--out", "results/aware"],
       "--out results/aware: holds a study made with another configuration"),
+    R("aware study", "--replace", ["--replace=1"], "ignored explicit argument"),
     R("tosca study", "--out", ["--out", "results/tosca", "--seeds", "1993", "--epochs", "1"],
       "holds a study made with other settings"),
     R("tosca study", "--epochs", ["--epochs", "0"], "--epochs 0: must be an integer >= 1"),
+    R("tosca study", "--inc", ["--inc", "0"], "--inc 0: must be an integer >= 1"),
+    R("tosca study", "--flow-scenarios", ["--flow-scenarios", "nope"], "unknown dataset 'nope'; valid:"),
+    R("tosca study", "--replace", ["--replace=1"], "ignored explicit argument"),
+    R("tosca study", "--executor", ["--executor", "slurm"], "argument --executor: invalid choice"),
+    R("tosca study", "--address", ["--address", "auto"], "--address auto: joins a Ray cluster: needs --executor ray"),
     R("tosca study", "--seeds", ["--seeds", "1993", "1993"], "lists a seed twice"),
     R("tosca study", "--scenarios", ["--scenarios", "nope"], "unknown dataset 'nope'; valid:"),
     R("tosca study", "--baselines", ["--baselines", "nope"], "not a baseline; valid:"),
@@ -475,6 +481,9 @@ def _arguments() -> set[tuple[str, str]]:
                 walk(sub, (*path, name))
 
     walk(cli.build_parser(), ())
+    from lab.experiments.tosca import study
+
+    walk(study.parser(), ("tosca", "study"))     # lab tosca study: its own parser, dispatched by lab.cli
     return out
 
 

@@ -178,7 +178,30 @@ def _digest(sources: dict) -> str:
 
 def main(argv=None, prog: str = "lab tosca study") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    p = parser(prog)
+    args = p.parse_args(argv)
+    try:
+        return _main(args, argv, prog)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; finished variants are kept in {args.out or 'the study folder'}/variants/ and "
+              "skipped when the same command runs again", file=sys.stderr)
+        return 130
+    except (ValueError, KeyError, OSError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"{prog}: error: {' '.join(str(msg).split())}", file=sys.stderr)
+        return 2
+
+
+class _OneLine(argparse.ArgumentParser):
+    """One-line usage errors, as every ``lab`` command: ``lab tosca study: error: ...``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def parser(prog: str = "lab tosca study") -> argparse.ArgumentParser:
+    """The study's command line (``lab tosca study --help``)."""
+    p = _OneLine(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), help="datasets, '+' chains them")
     p.add_argument("--seeds", nargs="+", type=int, default=[1993, 1994, 1995])
     p.add_argument("--baselines", nargs="*", default=list(BASELINES))
@@ -196,17 +219,7 @@ def main(argv=None, prog: str = "lab tosca study") -> int:
                    help="local: one variant after another; ray: one Ray task per variant (finished variants "
                         "are kept in OUT/variants/ and skipped when the same command runs again)")
     p.add_argument("--address", default=None, help="join the Ray cluster at this address (with --executor ray)")
-    args = p.parse_args(argv)
-    try:
-        return _main(args, argv, prog)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; finished variants are kept in {args.out or 'the study folder'}/variants/ and "
-              "skipped when the same command runs again", file=sys.stderr)
-        return 130
-    except (ValueError, KeyError, OSError) as exc:
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"{prog}: error: {' '.join(str(msg).split())}", file=sys.stderr)
-        return 2
+    return p
 
 
 def check_arguments(args) -> None:

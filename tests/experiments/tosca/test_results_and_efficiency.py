@@ -105,7 +105,7 @@ def test_stale_sources_are_named(study):
 
 
 def test_missing_study_says_how_to_make_it(tmp_path):
-    with pytest.raises(FileNotFoundError, match="python -m lab.experiments.tosca.study"):
+    with pytest.raises(FileNotFoundError, match="lab tosca study"):
         R.load(tmp_path)
 
 
