@@ -212,7 +212,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     f.add_argument("--quiet", action="store_true", help="no progress bar")
     f.set_defaults(func=cmd_features)
 
-    lazy = argv is not None
+    # Lazy only for `lab` / `lab --help` (no command): a command builds every plugin's parser, as before
+    # (building only the requested one changed how `lab tosca` ended on Ctrl-C in a cold run: exit -2
+    # instead of 130 in about a quarter of the tries, seen in fresh clones; cause not found yet).
+    lazy = argv is not None and wanted is None
     for mod in _PLUGINS:
         name = next((c for c, (m, _) in _COMMANDS.items() if m == mod), None)
         if lazy and name is not None and name != wanted:
