@@ -245,6 +245,17 @@ def _beyond(lrs: list[float], chosen: float) -> float | None:
     return float(f"{lrs[0] * lrs[0] / lrs[1]:.3g}")
 
 
+def _extensions(chosen: dict, rows: list[dict], extra: dict, most: int) -> dict:
+    """``{variant id: rates past the edge}`` for every choice at the edge of what it tried, up to
+    ``most`` added rates per variant (empty: every choice is interior or at its limit)."""
+    grow = {}
+    for vid, lr in chosen.items():
+        nxt = _beyond([r["lr"] for r in rows if r["variant"] == vid], lr)
+        if nxt is not None and len(extra.get(vid, ())) < most:
+            grow[vid] = (*extra.get(vid, ()), nxt)
+    return grow
+
+
 def tune(env: Env, out: Path, *, log=print, groups=None, **kw) -> tuple[dict, list[dict], list[dict]]:
     """Tuning runs (of ``groups``; None: all), extended past every edge choice up to
     ``cfg.max_extensions`` times per variant: ``(chosen, candidate rows, tuning records)``."""
@@ -252,12 +263,7 @@ def tune(env: Env, out: Path, *, log=print, groups=None, **kw) -> tuple[dict, li
     while True:
         recs = execute(env, plan_tuning(cfg, extra, groups), out, log=log, **kw)
         chosen, rows = choose_rates(env, recs)
-        grow = {}
-        for vid, lr in chosen.items():
-            tried = [r["lr"] for r in rows if r["variant"] == vid]
-            nxt = _beyond(tried, lr)
-            if nxt is not None and len(extra.get(vid, ())) < cfg.max_extensions:
-                grow[vid] = (*extra.get(vid, ()), nxt)
+        grow = _extensions(chosen, rows, extra, cfg.max_extensions)
         if not grow:
             return chosen, rows, recs
         if log:
@@ -322,11 +328,7 @@ def collect(env: Env, out: Path) -> dict:
             return {**empty, "tune": recs, "tuning_rows": shown}
         mine = [r for r in recs if r["variant"] in done]
         chosen, rows = choose_rates(env, mine)
-        grow = {}
-        for vid, lr in chosen.items():
-            nxt = _beyond([r["lr"] for r in rows if r["variant"] == vid], lr)
-            if nxt is not None and len(extra.get(vid, ())) < cfg.max_extensions:
-                grow[vid] = (*extra.get(vid, ()), nxt)
+        grow = _extensions(chosen, rows, extra, cfg.max_extensions)
         if not grow:
             break
         for k, v in grow.items():
