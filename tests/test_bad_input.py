@@ -503,3 +503,136 @@ def test_rows_use_the_argument_they_cover():
         if r.param.startswith("--"):
             short = {"--parameter": "-p"}.get(r.param, r.param)
             assert any(a in (r.param, short) or a.startswith(r.param + "=") for a in r.argv), r.id
+
+
+# --- readers of shipped results: verified, one line naming the file ----------------------------------
+# Each row: (study, mutation, fragment naming the file). A mutation edits a copy of the study folder;
+# ``rehash`` re-records the edited table's sha256, as a writer that wrote a bad table would have (so
+# that the check after the sha256 one is what answers). The reader must raise BadShipped (a
+# RuntimeError: the command line prints it as one line) naming the file, fast, writing nothing.
+@dataclass(frozen=True)
+class Shipped:
+    study: str          # "tosca" or "aware"
+    what: str
+    file: str           # the file the mutation touches (relative to the study folder)
+    content: bytes | None = None   # new bytes for it (None: delete it)
+    rehash: bool = False
+    manifest: dict | None = None   # keys set in manifest.json (after the content change)
+    fragment: str = ""             # expected in the message besides the file's path
+    names: str = ""                # the file named in the message, when not ``file``
+
+
+_RANDOM = bytes(random_byte for random_byte in __import__("random").Random(0).randbytes(4096))
+SHIPPED_ROWS = [
+    *[row for study, runs, summary in (("tosca", "runs.csv", "summary.csv"), ("aware", "runs.csv", "summary.csv"))
+      for row in (
+          Shipped(study, "manifest random bytes", "manifest.json", _RANDOM, fragment="not a JSON manifest"),
+          Shipped(study, "manifest truncated", "manifest.json", b'{"command": "lab', fragment="invalid JSON"),
+          Shipped(study, "manifest a list", "manifest.json", b"[]", fragment="a JSON array, not an object"),
+          Shipped(study, "manifest null", "manifest.json", b"null", fragment="a JSON null, not an object"),
+          Shipped(study, "no sha256", "manifest.json", manifest={"sha256": None}, fragment="records no sha256"),
+          Shipped(study, "absolute path", "manifest.json", manifest={"sha256+": {"/etc/passwd": "0" * 64}},
+                  fragment="'/etc/passwd', which is not a file inside"),
+          Shipped(study, "dot-dot", "manifest.json", manifest={"sha256+": {"../x.csv": "0" * 64}},
+                  fragment="'../x.csv', which is not a file inside"),
+          Shipped(study, "truncated runs", runs, b"scenario,seed\n", fragment="differs from the"),
+          Shipped(study, "missing runs", runs, None, fragment="missing"),
+          Shipped(study, "random runs", runs, _RANDOM, rehash=True, fragment=""),
+          Shipped(study, "runs lacks a column", runs, b"", rehash=True, fragment="lacks the column(s)"),
+          Shipped(study, "empty summary", summary, b"", rehash=True, fragment="empty (no header, no rows)"),
+          Shipped(study, "summary header only", summary, b"HEADER", rehash=True, fragment="has no rows"),
+      )],
+    Shipped("aware", "tables outside", "manifest.json", manifest={"tables+": ["../../etc/passwd"]},
+            fragment="'../../etc/passwd', which is not a file inside"),
+    Shipped("tosca", "efficiency truncated", "efficiency_time.csv", b"backbone\n", fragment="differs from the"),
+    Shipped("tosca", "efficiency outside", "efficiency_manifest.json", manifest={"files": ["/etc/hosts"]},
+            fragment="'/etc/hosts', which is not a file inside"),
+]
+
+
+def _aware_copy(dest: Path) -> None:
+    """A small AWARe study folder: the shipped CSV tables with a manifest recording their sha256
+    (complete, so an empty summary is an error)."""
+    import json
+
+    from lab import _manifest
+
+    src = ROOT / "results" / "aware"
+    dest.mkdir()
+    tables = ["baselines.csv", "comparisons.csv", "runs.csv", "summary.csv"]
+    for t in tables:
+        (dest / t).write_bytes((src / t).read_bytes())
+    # a summary with one row: an empty one is refused when the study is complete
+    header = (dest / "summary.csv").read_text().splitlines()[0]
+    (dest / "summary.csv").write_text(header + "\n" + ",".join(["x"] * len(header.split(","))) + "\n")
+    (dest / "manifest.json").write_text(json.dumps({"command": "lab aware study", "tables": tables, "complete": True,
+                                                    "sha256": _manifest.digests(dest, tables)}))
+
+
+def _tosca_copy(dest: Path) -> None:
+    import shutil
+
+    src = ROOT / "results" / "tosca"
+    dest.mkdir()
+    for f in src.iterdir():
+        if f.is_file():
+            shutil.copy(f, dest / f.name)
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("row", SHIPPED_ROWS, ids=lambda r: f"{r.study}:{r.what}")
+def test_shipped_study_readers_fail_in_one_line_naming_the_file(row, tmp_path):
+    import json
+
+    from lab import _manifest
+    from lab.cli import one_line
+
+    folder = tmp_path / "study"
+    (_tosca_copy if row.study == "tosca" else _aware_copy)(folder)
+    target = folder / row.file
+    if row.content is None and row.manifest is None:
+        target.unlink()
+    elif row.content is not None:
+        content = row.content
+        if content == b"HEADER":
+            content = (target.read_text().splitlines()[0] + "\n").encode()
+        elif content == b"" and "column" in row.what:   # drop the first column of every line
+            content = "".join(",".join(l.split(",")[1:]) + "\n" for l in target.read_text().splitlines()).encode()
+        target.write_bytes(content)
+    mname = "efficiency_manifest.json" if row.file.startswith("efficiency") else "manifest.json"
+    if row.rehash or row.manifest:
+        m = json.loads((folder / mname).read_text())
+        if row.rehash:
+            m["sha256"][row.file] = _manifest.digests(folder, [row.file])[row.file]
+        for k, v in (row.manifest or {}).items():
+            if k.endswith("+"):
+                k = k[:-1]
+                m[k] = {**m[k], **v} if isinstance(v, dict) else [*m[k], *v]
+            else:
+                m[k] = v
+        (folder / mname).write_text(json.dumps(m))
+    from lab.experiments.aware import study_views
+    from lab.experiments.tosca import results   # imported before the clock starts
+
+    before = _snapshot(folder)
+    t0 = time.perf_counter()
+    with pytest.raises(_manifest.BadShipped) as info:
+        (results.load if row.study == "tosca" else study_views.load_study)(folder)
+    seconds = time.perf_counter() - t0
+    msg = one_line(info.value)
+    assert "\n" not in str(info.value), str(info.value)
+    named = folder / (row.names or (mname if row.manifest else row.file))
+    assert str(named) in msg and row.fragment in msg, msg
+    assert isinstance(info.value, cli.EXPECTED)   # the command line prints it as one line, exit status 2
+    assert seconds < 5, f"{seconds:.1f} s"
+    assert _snapshot(folder) == before, "the reader wrote into the study folder"
+
+
+def test_shipped_readers_accept_the_shipped_tosca_study():
+    from lab.experiments.tosca import results
+
+    s = results.load(ROOT / "results" / "tosca")
+    assert len(s.runs) and s.manifest["sha256"].keys() == {"runs.csv", "summary.csv"}

@@ -91,6 +91,8 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
                         f.unlink()
         except Exception:   # an unreadable old manifest: leave the folder as it is
             pass
+    from lab import _manifest
+
     manifest = {
         "command": command, "config": asdict(cfg), "started": started,
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -100,6 +102,7 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
         "intervals": __import__("lab.experiments.aware.intervals", fromlist=["KIND"]).KIND,
         "note": next((v for k, v in NOTES.items() if PRESETS.get(k) == cfg), "a custom configuration"),
         "chosen_lr": res.get("chosen", {}), "tables": listed,
+        "sha256": _manifest.digests(out, listed),   # every table's sha256: load_study checks them
         "complete": bool(res.get("complete", True)),
     }
     write_json(out / "manifest.json", manifest)

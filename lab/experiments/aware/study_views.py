@@ -68,26 +68,49 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[3]
 
 
+# the columns the views read from each table (a table without them is refused, naming the file)
+COLUMNS = {"runs.csv": ("variant", "group", "label", "method", "seed", "lr", "downstream", "R", "E", "H"),
+           "summary.csv": ("variant", "group", "label", "method", "lr", "trainable_frac", "seeds", "learned",
+                           "diverged", "metric", "estimate", "lo", "hi"),
+           "comparisons.csv": ("comparison", "a", "b", "metric", "seeds", "estimate", "lo", "hi", "detected",
+                               "verdict"),
+           "learned.csv": ("variant", "downstream", "lo", "hi", "floor", "learned", "seeds"),
+           "baselines.csv": ("set", "reference", "acc", "n"),
+           "tuning.csv": ("variant", "method", "lr", "seed", "diverged", "chosen")}
+
+
 def load_study(path="results/aware") -> dict:
     """Every table of a study folder, its manifest, and ``changed``: computing source files that
-    differ from the ones the study was produced with (empty: the code is the study's)."""
+    differ from the ones the study was produced with (empty: the code is the study's).
+
+    Verified first (:mod:`lab._manifest`): the manifest is a JSON object naming files of its own
+    folder only, with the sha256 of every table it lists, and each table matches it; a CSV must
+    have the columns the views read (:data:`COLUMNS`), and a study the manifest calls complete a
+    non-empty summary. Anything wrong is one line naming the file."""
     import pandas as pd
 
-    from lab._io import read_csv, read_json
+    from lab import _manifest
     from lab.experiments.aware.provenance import changed_sources
 
     path = _study_dir(path)
     if not (path / "manifest.json").exists():
         raise FileNotFoundError(f"{path} holds no study (no manifest.json); run `lab aware study --out {path}`")
-    man = read_json(path / "manifest.json")
+    mpath = path / "manifest.json"
+    fix = f"regenerate its tables: `lab aware study --tables-only --out {path}`"
+    man = _manifest.read(mpath, fix=fix)
+    tables = _manifest.names(man, "tables", mpath)
+    files = _manifest.verify(path, man, mpath, tables, fix=fix)
     out = {"path": path, "manifest": man, "changed": changed_sources(man)}
-    for name in man["tables"]:
-        f = path / name
-        if not f.exists():
-            raise FileNotFoundError(f"{path}: its manifest lists {name}, which is missing; re-run "
-                                    f"`lab aware study --tables-only --out {path}`")
-        if name.endswith((".csv", ".parquet")):
-            out[Path(name).stem] = pd.read_parquet(f) if name.endswith(".parquet") else read_csv(f)
+    for name in tables:
+        f = files[name]
+        if name.endswith(".parquet"):
+            try:
+                out[Path(name).stem] = pd.read_parquet(f)
+            except Exception as exc:   # pyarrow raises several types on a bad file
+                raise _manifest.BadShipped(f"{f}: not a readable parquet table ({type(exc).__name__})") from None
+        elif name.endswith(".csv"):
+            out[Path(name).stem] = _manifest.read_csv_table(
+                f, columns=COLUMNS.get(name, ()), rows=name == "summary.csv" and man.get("complete") is True)
     return out
 
 

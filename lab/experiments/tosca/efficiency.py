@@ -199,7 +199,7 @@ def main(argv=None) -> int:
 
     from lab import _io
 
-    from .study import _write_csv, machine, sources_sha256
+    from .study import _write_csv, machine, sources_sha256, table_hashes
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -218,7 +218,8 @@ def main(argv=None) -> int:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {**machine(), "loadavg_before": load_before, "loadavg_after": list(os.getloadavg())},
         "wall_seconds": round(wall, 1), "sources_sha256": sources,
-        "files": ["efficiency_params.csv", "efficiency_time.csv"]})
+        "files": ["efficiency_params.csv", "efficiency_time.csv"],
+        "sha256": table_hashes(out, ("efficiency_params.csv", "efficiency_time.csv"))})
     print(params.to_string(index=False))
     print(pd.DataFrame(rows).to_string(index=False))
     print(f"wrote {out}/efficiency_params.csv, efficiency_time.csv, efficiency_manifest.json ({wall:.0f} s)")

@@ -5,6 +5,8 @@ comparisons, figures, provenance, a stale-source check and prose computed from t
 flow, initialisation and routing), ``summary.csv`` and ``manifest.json``;
 ``python -m lab.experiments.tosca.efficiency`` writes ``efficiency_*.csv`` and
 ``efficiency_manifest.json``. Notebook 02 and the README's TOSCA section are rendered from these.
+Each manifest records the sha256 of every table it ships; :func:`load` checks them (one line naming
+the file when anything is wrong: :mod:`lab._manifest`).
 
 Intervals: a mean over seeds carries the 95 % Student-t interval over seeds; a comparison of two
 methods is paired by seed (same class order): the per-seed difference, then its t-interval. A
@@ -13,13 +15,10 @@ difference whose interval spans zero is reported as "no difference detected".
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-
-from lab._io import read_csv
 
 from .study import t_interval
 
@@ -50,21 +49,55 @@ class Shipped:
         return list(dict.fromkeys(self.runs.scenario))
 
 
+RUNS_COLUMNS = ("scenario", "seed", "method", "flow", "head_init", "luca_init", "routing", "avg_inc_acc",
+                "last_acc", "routing_accuracy_last", "routing_accuracy_mean", "trainable_params")
+SUMMARY_COLUMNS = ("scenario", "method", "flow", "head_init", "luca_init", "routing", "seeds", "avg_inc_acc",
+                   "avg_inc_acc_ci95", "last_acc", "last_acc_ci95")
+EFFICIENCY_COLUMNS = {"efficiency_params.csv": ("backbone", "feature_dim", "luca_r", "luca_params_per_task",
+                                                "layerwise_adapter_params", "ratio_layerwise_to_luca", "tasks",
+                                                "luca_params_all_tasks"),
+                      "efficiency_time.csv": ("backbone", "weights", "setting", "batch", "step_seconds",
+                                              "step_seconds_ci95", "image_ms", "image_ms_ci95")}
+
+
 def load(folder=None) -> Shipped:
-    """The shipped study in ``folder`` (default ``results/tosca``); a clear error when it is missing."""
+    """The shipped study in ``folder`` (default ``results/tosca``), verified: each manifest records
+    the sha256 of every table it ships and names files of its own folder only; every table is
+    checked against it (a truncated ``runs.csv`` is never read as the study), then read with the
+    columns the views use. Anything wrong is one line naming the file
+    (:class:`lab._manifest.BadShipped`); a missing study says how to make one."""
+    from lab import _manifest
+
     folder = Path(folder or RESULTS)
     if not (folder / "manifest.json").is_file():
         raise FileNotFoundError(f"no shipped TOSCA study in {folder}: run "
                                 f"`lab tosca study --out {folder}`")
-    runs = read_csv(folder / "runs.csv", keep_default_na=False, na_values=[""])
+    mpath = folder / "manifest.json"
+    fix = f"rerun `lab tosca study --out {folder}`"
+    manifest = _manifest.read(mpath, fix=fix)
+    paths = _manifest.verify(folder, manifest, mpath, TABLES, fix=fix)
+    runs = _manifest.read_csv_table(paths["runs.csv"], columns=RUNS_COLUMNS, rows=True,
+                                    keep_default_na=False, na_values=[""])
+    _manifest.read_csv_table(paths["summary.csv"], columns=SUMMARY_COLUMNS, rows=True)
     for k in ("flow", "head_init", "luca_init"):
         runs[k] = runs[k].fillna("")
-    out = Shipped(folder, runs, json.loads((folder / "manifest.json").read_text()))
-    if (folder / "efficiency_manifest.json").is_file():
-        out.efficiency_params = read_csv(folder / "efficiency_params.csv")
-        out.efficiency_time = read_csv(folder / "efficiency_time.csv")
-        out.efficiency_manifest = json.loads((folder / "efficiency_manifest.json").read_text())
+    out = Shipped(folder, runs, manifest)
+    epath = folder / "efficiency_manifest.json"
+    if epath.is_file():
+        efix = f"rerun `python -m lab.experiments.tosca.efficiency --out {folder}`"
+        em = _manifest.read(epath, fix=efix)
+        listed = _manifest.names(em, "files", epath)
+        epaths = _manifest.verify(folder, em, epath, listed, fix=efix)
+        for name in EFFICIENCY_COLUMNS:
+            if name not in epaths:
+                raise _manifest.BadShipped(f"{epath}: does not list {name}; {efix}")
+        out.efficiency_params, out.efficiency_time = (
+            _manifest.read_csv_table(epaths[n], columns=cols, rows=True) for n, cols in EFFICIENCY_COLUMNS.items())
+        out.efficiency_manifest = em
     return out
+
+
+TABLES = ("runs.csv", "summary.csv")   # what manifest.json's sha256 covers (lab tosca study writes them)
 
 
 # --- provenance --------------------------------------------------------------------------------------

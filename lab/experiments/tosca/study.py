@@ -18,7 +18,8 @@ into ``--out``:
 * ``summary.csv`` per (scenario, method, flow, head_init, luca_init, routing): seeds, mean and the
                   95 % t-interval half-width over seeds of each of those numbers
 * ``manifest.json`` the exact command, sha256 of the lab/tosca and lab/experiments/tosca sources
-                  (:func:`sources_sha256`), date, machine, torch threads, wall time
+                  (:func:`sources_sha256`), date, machine, torch threads, wall time, and the sha256
+                  of runs.csv and summary.csv (``sha256``: the reader refuses a table that differs)
 
 Paired comparisons (a difference per seed, then its t-interval) are computed from ``runs.csv`` by
 :mod:`lab.experiments.tosca.results`.
@@ -299,10 +300,17 @@ def _main(args, argv, prog) -> int:
                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "machine": machine(), "executor": args.executor,
                 "wall_seconds": round(wall, 1), "runs": len(configs), "base_config": base.to_dict(),
-                "sources_sha256": sources}
+                "sources_sha256": sources, "sha256": table_hashes(out)}
     _io.write_json(out / "manifest.json", manifest)
     print(f"wrote {out}/runs.csv, summary.csv, manifest.json ({wall:.0f} s)")
     return 0
+
+
+def table_hashes(out, files=("runs.csv", "summary.csv")) -> dict:
+    """sha256 of each table the study ships (recorded in its manifest; the reader checks them)."""
+    from lab import _manifest
+
+    return _manifest.digests(out, files)
 
 
 def _write_csv(path: Path, df) -> None:

@@ -49,7 +49,8 @@ def study(tmp_path):
            "machine": {"platform": "test", "cpus": 2, "torch": "x", "torch_threads": 1}, "wall_seconds": 60.0,
            "base_config": {"backbone": "efficientnet_lite0", "inc": 2, "epochs": 20, "init": 0, "lr": 0.025,
                            "l1": 5e-4, "resolution": None},
-           "sources_sha256": {str(src): hashlib.sha256(src.read_bytes()).hexdigest()}}
+           "sources_sha256": {str(src): hashlib.sha256(src.read_bytes()).hexdigest()},
+           "sha256": {t: hashlib.sha256((tmp_path / t).read_bytes()).hexdigest() for t in ("runs.csv", "summary.csv")}}
     (tmp_path / "manifest.json").write_text(json.dumps(man))
     return tmp_path
 
