@@ -58,13 +58,26 @@ def number(param: str, value, *, gt=None, ge=None, lt=None, le=None, integer: bo
     return value
 
 
+LR_MAX = 10.0          # no optimiser here trains at a larger rate; 1e30 overflows the first step
+COUNT_MAX = 10 ** 9    # any count (steps, epochs, samples) beyond this is a typo, not a plan
+
+
 def learning_rate(param: str, value) -> float:
-    """A learning rate: a finite number > 0 (NaN, inf, 0 and negatives train nothing sensible)."""
-    return float(number(param, value, gt=0))
+    """A learning rate: a finite number > 0 and <= :data:`LR_MAX` (NaN, inf, 0 and negatives
+    train nothing sensible; 1e30 overflows the first step)."""
+    return float(number(param, value, gt=0, le=LR_MAX))
 
 
-def count(param: str, value, *, minimum: int = 1, maximum: int | None = None) -> int:
+def count(param: str, value, *, minimum: int = 1, maximum: int | None = COUNT_MAX) -> int:
+    """An integer in ``minimum..maximum`` (by default at most :data:`COUNT_MAX`: a count of
+    99999999999999999999 steps would overflow or run forever)."""
     return number(param, value, ge=minimum, le=maximum, integer=True)
+
+
+def threads(param: str, value) -> int:
+    """A CPU thread count: 0 (the library's default) .. this machine's ``os.cpu_count()``
+    (more threads than cores only slows down; 100000 crashed OpenMP)."""
+    return count(param, value, minimum=0, maximum=os.cpu_count() or 1)
 
 
 SEED_MAX = 2 ** 32 - 1  # numpy's RandomState accepts 0 .. 2**32 - 1

@@ -46,6 +46,9 @@ def check_cache_dir(cache_dir) -> None:
     """The cache root (flag, $LAB_CACHE_DIR or ~/.cache/continual-lab) must be a writable folder."""
     from lab import _validate
 
+    if cache_dir is not None and not str(cache_dir).strip():   # '' is refused, not read as "the default"
+        raise _validate.bad("--cache-dir", cache_dir, "must be a folder path (leave the flag out for $LAB_CACHE_DIR "
+                                                      "or ~/.cache/continual-lab)")
     param, value = _cache_dir_param(cache_dir)
     target = value or os.path.join(os.path.expanduser("~"), ".cache", "continual-lab")
     _validate.out_dir(param, target, shown=value or target)

@@ -16,13 +16,16 @@ failing cell marked), the others still run, and the command exits with status 1.
 """
 
 
+TIMEOUT_MAX = 7 * 24 * 3600   # --timeout: a week
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Folders, timeout and kernel of `lab report`, before any notebook runs (names and parameter
     types are checked by :func:`lab.report.pipeline.render` against every notebook first)."""
     from lab import _validate as V
 
-    if args.timeout is not None:
-        V.number("--timeout", args.timeout, gt=0)
+    if args.timeout is not None:     # an int at parse (papermill's cell timeout is whole seconds)
+        V.count("--timeout", args.timeout, maximum=TIMEOUT_MAX)
     if args.notebooks is not None:
         V.in_dir("--notebooks", args.notebooks)
     if args.out is not None:
@@ -88,6 +91,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-png", action="store_true", help="skip the static PNG figures (faster)")
     p.add_argument("--kernel", metavar="NAME",
                    help="Jupyter kernel (default: continual-lab, else python3)")
-    p.add_argument("--timeout", type=float, metavar="SECONDS",
-                   help="fail a cell that runs longer than this (default: 7200)")
+    p.add_argument("--timeout", type=int, metavar="SECONDS",
+                   help=f"fail a cell that runs longer than this many whole seconds, 1..{TIMEOUT_MAX} "
+                        f"(default: 7200)")
     p.set_defaults(func=_cmd)

@@ -15,6 +15,17 @@ parameter the notebook does not have, and injects a wrong type that fails cells 
 must have the type of the cell's default (an int where it says ``seed = 0``, a list of numbers
 where it says ``l1_values = [0.0, 5e-4]``; floats accept ints; a ``None`` default accepts anything),
 and numbers must be finite.
+
+Ranges and choices sit beside the profiles, under ``"checks"``, and are checked on the profiles'
+values and on every ``-p`` override before any kernel starts (a list is checked element by
+element)::
+
+    "continual-lab": {"params": {...}, "checks": {
+        "resolution": {"min": 32, "max": 512},       # numbers: inclusive bounds
+        "rho": {"min": 0, "max": 1},
+        "projection": {"choices": ["pca", "tsne"]},  # a fixed list ...
+        "dataset": {"choices": "datasets"}           # ... or a registry: see REGISTRIES
+    }}
 """
 from __future__ import annotations
 
@@ -30,6 +41,78 @@ METADATA_KEY = "continual-lab"
 
 class ParamsError(ValueError):
     """A notebook's parameters are declared wrongly or do not match its ``parameters`` cell."""
+
+
+def _aware_sizes() -> list[str]:
+    from lab.experiments.aware.context import SIZES
+
+    return list(SIZES)
+
+
+def _aware_presets() -> list[str]:
+    from lab.experiments.aware.plan import PRESETS
+
+    return list(PRESETS)
+
+
+def _datasets() -> list[str]:
+    from lab.data import list_datasets
+
+    return list(list_datasets())
+
+
+def _backbones() -> list[str]:
+    from lab.backbones import list_backbones
+
+    return list(list_backbones())
+
+
+# the registries a check's "choices" may name (read only when a value needs checking)
+REGISTRIES = {"datasets": _datasets, "backbones": _backbones, "aware_sizes": _aware_sizes,
+              "aware_presets": _aware_presets}
+CHECK_KEYS = ("min", "max", "choices")
+
+
+def declared_checks(nb) -> dict[str, dict[str, Any]]:
+    """The ranges and choices a notebook declares for its parameters (``metadata.continual-lab.checks``)."""
+    section = nb.metadata.get(METADATA_KEY, {}) or {}
+    checks = section.get("checks", {}) or {}
+    if not isinstance(checks, dict):
+        raise ParamsError(f"metadata.{METADATA_KEY}.checks must be an object, got {type(checks).__name__}")
+    for name, c in checks.items():
+        if not isinstance(c, dict) or set(c) - set(CHECK_KEYS):
+            raise ParamsError(f"metadata.{METADATA_KEY}.checks.{name} must be an object with {list(CHECK_KEYS)}")
+        for k in ("min", "max"):
+            if k in c and (isinstance(c[k], bool) or not isinstance(c[k], (int, float)) or not math.isfinite(c[k])):
+                raise ParamsError(f"metadata.{METADATA_KEY}.checks.{name}.{k} must be a finite number")
+        ch = c.get("choices")
+        if ch is not None and not ((isinstance(ch, str) and ch in REGISTRIES) or (isinstance(ch, list) and ch)):
+            raise ParamsError(f"metadata.{METADATA_KEY}.checks.{name}.choices must be a non-empty list or one "
+                              f"of {sorted(REGISTRIES)}")
+    return checks
+
+
+def check_error(check: dict[str, Any], value) -> str | None:
+    """Why ``value`` is outside a declared range or choice (``None``: it is inside); a list is
+    checked element by element."""
+    if isinstance(value, (list, tuple)):
+        return next((why for v in value if (why := check_error(check, v))), None)
+    lo, hi = check.get("min"), check.get("max")
+    if (lo is not None or hi is not None) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            bounds = f"{_num(lo)}..{_num(hi)}" if lo is not None and hi is not None else \
+                (f">= {_num(lo)}" if lo is not None else f"<= {_num(hi)}")
+            return f"must be in {bounds}" if lo is not None and hi is not None else f"must be {bounds}"
+    ch = check.get("choices")
+    if ch is not None:
+        valid = REGISTRIES[ch]() if isinstance(ch, str) else ch
+        if value not in valid:
+            return f"must be one of {', '.join(map(str, valid))}"
+    return None
+
+
+def _num(x) -> str:
+    return format(x, "g") if isinstance(x, float) else str(x)
 
 
 def declared(nb) -> dict[str, dict[str, Any]]:
@@ -170,8 +253,10 @@ def _check(nb, name: str, profile: str, values: dict[str, Any], source: str | No
     unknown = sorted(set(values) - known)
     if unknown:
         raise ParamsError(f"{name}: unknown parameter(s) {unknown}; its parameters cell defines {sorted(known)}")
+    checks = declared_checks(nb)
     for key, value in values.items():
-        why = type_error(defaults.get(key, _NO_DEFAULT), value)
+        why = type_error(defaults.get(key, _NO_DEFAULT), value) or \
+            (check_error(checks[key], value) if key in checks else None)
         if why:
             shown = f"-p {key}={json.dumps(value)}" if source == "-p" else f"{profile} parameter {key}={json.dumps(value)}"
             raise ParamsError(f"{shown}: {why} in {name} (its parameters cell has {key} = "

@@ -125,6 +125,10 @@ def executor_args(q) -> None:
     executors.add_arguments(q, "RUN_DIR/variants/ and skipped when rerun with --run-dir")
 
 
+STEPS_MAX = 1_000_000      # --steps (the shipped study: 64 per run)
+SAMPLES_MAX = 1_000_000    # --n, --n-val (calibration / validation questions)
+
+
 def check_common(args) -> None:
     """The options every `lab aware` action shares (one line naming the first bad one)."""
     import os
@@ -139,7 +143,7 @@ def check_common(args) -> None:
     check_cache_dir(args.cache_dir)
     V.device("--device", args.device)
     if args.steps is not None:
-        V.count("--steps", args.steps)
+        V.count("--steps", args.steps, maximum=STEPS_MAX)
     for flag in ("lr", "lr_aware", "lr_projector", "lr_adapter"):
         if getattr(args, flag) is not None:
             V.learning_rate("--" + flag.replace("_", "-"), getattr(args, flag))   # the same check as TrainConfig's
@@ -156,7 +160,7 @@ def _run_dir_check(args) -> None:
     from lab import _validate as V
     from lab import runs
 
-    if args.run_dir:
+    if args.run_dir is not None:      # '' is refused, not read as "the default"
         V.out_dir("--run-dir", args.run_dir)
     else:
         runs.check_root("aware", param="$LAB_RUNS_DIR")
@@ -227,8 +231,8 @@ def cmd_profile(args) -> int:
     if args.calib == "upstream" and args.n > pool:
         raise V.bad("--n", args.n, f"the {args.size} preset has {pool} upstream (easy-VQA train) questions to "
                                    f"calibrate on: give 1..{pool}, or --calib proxy")
-    V.count("--n", args.n)
-    if args.out:
+    V.count("--n", args.n, maximum=SAMPLES_MAX)
+    if args.out is not None:          # '' is refused, not read as "the default"
         V.out_file("--out", args.out)
     else:
         runs.check_root("aware", param="$LAB_RUNS_DIR")
@@ -392,7 +396,7 @@ def cmd_tune(args) -> int:
 
     check_common(args)
     grids = check_grids(_grids(args.grid) or GRIDS)     # bad grids fail here, before any model is loaded
-    V.count("--n-val", args.n_val)
+    V.count("--n-val", args.n_val, maximum=SAMPLES_MAX)
     for s in args.seeds:
         V.seed("--seeds", s)
     _no_duplicates("--seeds", args.seeds)

@@ -125,6 +125,15 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_tosca)
 
 
+# upper bounds of `lab tosca`'s numbers (a value past them is a typo; each message states its bound)
+CLASSES_MAX = 100_000      # --init, --inc
+EPOCHS_MAX = 100_000       # --epochs (as lab tosca study)
+BATCH_MAX = 1_000_000      # --batch-size, --per-batch-size
+L1_MAX = 10.0              # --l1 (the reference: 5e-4)
+WEIGHT_DECAY_MAX = 1.0     # --weight-decay
+HEAD_SCALE_MAX = 1000.0    # --head-scale (the cosine head's initial sigma; the reference: 1)
+
+
 def check_args(args) -> None:
     """Every parameter of `lab tosca`, one line naming it on the first bad one; nothing is loaded,
     created or computed (the run itself checks the datasets and weights before its run folder)."""
@@ -137,22 +146,22 @@ def check_args(args) -> None:
     check_backbone_args(args.backbone, args.resolution, args.weights, args.preprocess)
     for d in args.dataset:
         data.dataset_info(d)
-    V.count("--init", args.init, minimum=0)
-    V.count("--inc", args.inc)
+    V.count("--init", args.init, minimum=0, maximum=CLASSES_MAX)
+    V.count("--inc", args.inc, maximum=CLASSES_MAX)
     for s in args.seeds or [args.seed]:
         V.seed("--seeds" if args.seeds else "--seed", s)
     if args.seeds and len(set(args.seeds)) < len(args.seeds):
         raise V.BadInput(f"--seeds {' '.join(map(str, args.seeds))}: lists a seed twice")
-    V.count("--epochs", args.epochs)
-    V.count("--batch-size", args.batch_size)
+    V.count("--epochs", args.epochs, maximum=EPOCHS_MAX)
+    V.count("--batch-size", args.batch_size, maximum=BATCH_MAX)
     from .methods import METHODS
 
     if METHODS.info(args.method)["trains"]:
         V.learning_rate("--lr", args.lr)
     else:
-        V.number("--lr", args.lr, ge=0)
+        V.number("--lr", args.lr, ge=0, le=V.LR_MAX)
     for l1 in args.l1:
-        V.number("--l1", l1, ge=0)
+        V.number("--l1", l1, ge=0, le=L1_MAX)
     if len(set(args.l1)) < len(args.l1):
         raise V.BadInput(f"--l1 {' '.join(map(str, args.l1))}: lists a value twice")
     if len(args.l1) > 1 and args.method != "tosca":
@@ -164,14 +173,20 @@ def check_args(args) -> None:
         if METHODS.info(args.method)["needs_backbone"]:
             raise V.bad("--method", args.method, "runs the backbone; a sweep (--seeds, several --l1, --executor "
                                                  "ray) needs a method on cached features")
-    V.number("--momentum", args.momentum, ge=0)
-    V.number("--weight-decay", args.weight_decay, ge=0)
+    V.number("--momentum", args.momentum, ge=0, lt=1)      # >= 1: every step adds to a growing velocity
+    V.number("--weight-decay", args.weight_decay, ge=0, le=WEIGHT_DECAY_MAX)
     V.number("--eta-min", args.eta_min, ge=0)
-    V.number("--head-scale", args.head_scale, gt=0)
-    V.count("--threads", args.threads, minimum=0)
+    if METHODS.info(args.method)["trains"] and not args.eta_min < args.lr:
+        raise V.bad("--eta-min", args.eta_min, f"must be below --lr {V.show(args.lr)} (the cosine schedule falls "
+                                               f"from --lr to --eta-min)")
+    V.number("--head-scale", args.head_scale, gt=0, le=HEAD_SCALE_MAX)
+    V.threads("--threads", args.threads)
     dim = backbones.backbone_info(args.backbone)["feature_dim"]
     V.count("--ratio", args.ratio, maximum=dim)
-    V.count("--per-batch-size", args.per_batch_size)
+    V.count("--per-batch-size", args.per_batch_size, maximum=BATCH_MAX)
+    if args.runs_dir is not None and not str(args.runs_dir).strip():
+        raise V.bad("--runs-dir", args.runs_dir, "must be a folder path (leave the flag out for $LAB_RUNS_DIR "
+                                                 "or ./runs)")
     V.device("--device", args.device)
     if args.engine == "cuda_graph" and not str(args.device).startswith("cuda"):
         raise V.bad("--engine", args.engine, "needs --device cuda")
