@@ -300,6 +300,20 @@ ROWS: list[Row] = [
     R("tosca", "--per-batch-size", ["--per-batch-size", "99999999999"], "must be an integer >= 1 and <= 1000000"),
     R("tosca", "--inc", ["--inc", "99999999999999999999"], "must be an integer >= 1 and <= 100000"),
     R("tosca", "--runs-dir", ["--runs-dir", ""], "--runs-dir '': must be a folder path"),
+    # options the chosen method does not use: refused, all named (only those typed; defaults never)
+    R("tosca", "--method", ["--method", "simplecil", "--routing", "oracle", "--l1", "0.1", "--epochs", "7"],
+      "--routing oracle --l1 0.1 --epochs 7: not used by --method simplecil (it is not routed"),
+    R("tosca", "--mode", ["--mode", "augment", "--method", "ncm"],
+      "--mode augment: not used by --method ncm (augment mode changes only tosca and layerwise_adapter)"),
+    R("tosca", "--mode", ["--mode", "augment", "--method", "finetune"], "--mode augment: not used by --method finetune"),
+    R("tosca", "--head-scale", ["--method", "finetune", "--head-scale", "2"],
+      "--head-scale 2.0: not used by --method finetune (it has no trained cosine head)"),
+    R("tosca", "--per-batch-size", ["--method", "ranpac", "--per-batch-size", "8", "--routings", "oracle"],
+      "--routings oracle --per-batch-size 8: not used by --method ranpac"),
+    R("tosca", "--engine", ["--method", "joint", "--engine", "static", "--ratio", "8", "--flow", "adapter"],
+      "--ratio 8 --flow adapter --engine static: not used by --method joint (it has no LuCA module)"),
+    R("tosca", "--momentum", ["--method", "fecam", "--momentum", "0.5", "--lr", "0.1", "--batch-size", "8"],
+      "--batch-size 8 --lr 0.1 --momentum 0.5: not used by --method fecam (it takes no gradient steps)"),
     R("aware finetune", "--steps", ["--steps", "99999999999999999999"], "must be an integer >= 1 and <= 1000000"),
     R("aware finetune", "--lr", ["--lr", "1e30"], "--lr 1e+30: must be a finite number > 0 and <= 10"),
     R("aware profile", "--n", ["--calib", "proxy", "--n", "99999999999999999999"], "must be an integer >= 1 and <= 1000000"),
@@ -665,3 +679,19 @@ def test_shipped_readers_accept_the_shipped_tosca_study():
 
     s = results.load(ROOT / "results" / "tosca")
     assert len(s.runs) and s.manifest["sha256"].keys() == {"runs.csv", "summary.csv"}
+
+
+@pytest.mark.parametrize("argv", [
+    ["--method", "finetune", "--epochs", "1", "--lr", "0.01", "--momentum", "0.5", "--eta-min", "0"],
+    ["--method", "layerwise_adapter", "--mode", "augment", "--head-scale", "2", "--epochs", "1"],
+    ["--method", "simplecil", "--mode", "cached", "--seed", "3", "--threads", "1"],
+    ["--method", "tosca", "--routing", "oracle", "--l1", "0.1", "--epochs", "7", "--engine", "static"],
+], ids=lambda a: " ".join(a))
+def test_options_the_method_uses_are_accepted(argv, tmp_path, monkeypatch):
+    """The other side of the method/option rows: what a method uses passes the checks (nothing runs)."""
+    from lab.experiments.tosca import cli as tosca_cli
+
+    monkeypatch.setenv("LAB_RUNS_DIR", str(tmp_path))
+    args = cli.build_parser(["tosca"]).parse_args(["tosca", *argv])
+    tosca_cli.check_args(args)
+    assert tosca_cli.given(args) >= {a[2:].replace("-", "_") for a in argv if a.startswith("--")}

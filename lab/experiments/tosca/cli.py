@@ -122,7 +122,77 @@ def register(subparsers) -> None:
 
     executors.add_arguments(p, "SWEEP_DIR/variants/ and skipped by --resume SWEEP_DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    track_given(p)
     p.set_defaults(func=cmd_tosca)
+
+
+class _Given:
+    """Mixed into an argparse action: records its dest in ``namespace._given`` when the option is on
+    the command line (a default never passes through here), so checks tell typed flags from defaults."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace._given = frozenset(getattr(namespace, "_given", frozenset()) | {self.dest})
+        super().__call__(parser, namespace, values, option_string)
+
+
+def track_given(parser) -> None:
+    """Every option of ``parser`` records itself in ``args._given`` when given (:func:`given`)."""
+    import argparse
+
+    for a in parser._actions:
+        if a.option_strings and not isinstance(a, (argparse._HelpAction, _Given)):
+            a.__class__ = type(f"Given{type(a).__name__}", (_Given, type(a)), {})
+    parser.set_defaults(_given=frozenset())
+
+
+def given(args) -> frozenset:
+    """The dests of the options typed on the command line (not their defaults)."""
+    return getattr(args, "_given", frozenset())
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _shown(args, dest: str) -> str:
+    from lab._validate import show
+
+    v = getattr(args, dest)
+    return f"{_flag(dest)} {' '.join(show(x) for x in v) if isinstance(v, (list, tuple)) else show(v)}"
+
+
+# which options apply to which method: (dests, whether a method has them from (name, registry info), why not)
+APPLIES = (
+    (("routing", "routings", "per_batch_size"), lambda name, info: info["routed"],
+     "it is not routed: one model, no task modules"),
+    (("l1", "ratio", "flow", "luca_init", "head_init", "engine"), lambda name, info: name == "tosca",
+     "it has no LuCA module"),
+    (("epochs", "batch_size", "lr", "momentum", "weight_decay", "eta_min"), lambda name, info: info["trains"],
+     "it takes no gradient steps"),
+    (("head_scale", "head_scale_param"), lambda name, info: name in ("tosca", "layerwise_adapter"),
+     "it has no trained cosine head"),
+)
+AUGMENTS = ("tosca", "layerwise_adapter")   # the methods --mode augment changes (they train through the backbone)
+
+
+def check_applies(args, info) -> None:
+    """Options typed on the command line that the chosen method does not use are refused, all named
+    in one line (a run that silently ignores --epochs 7 reports numbers the user did not ask for)."""
+    from lab import _validate as V
+
+    typed = given(args)
+    unused, why = [], []
+    for dests, has, reason in APPLIES:
+        hit = [d for d in dests if d in typed]
+        if hit and not has(args.method, info):
+            unused += [_shown(args, d) for d in hit]
+            why.append(reason)
+    if "mode" in typed and args.mode == "augment" and args.method not in AUGMENTS:
+        unused.append("--mode augment")
+        why.append(f"augment mode changes only {' and '.join(AUGMENTS)}")
+    if unused:
+        raise V.BadInput(f"{' '.join(unused)}: not used by --method {args.method} ({'; '.join(why)}); "
+                         f"leave {'it' if len(unused) == 1 else 'them'} out")
 
 
 # upper bounds of `lab tosca`'s numbers (a value past them is a typo; each message states its bound)
@@ -166,6 +236,7 @@ def check_args(args) -> None:
         raise V.BadInput(f"--l1 {' '.join(map(str, args.l1))}: lists a value twice")
     if len(args.l1) > 1 and args.method != "tosca":
         raise V.BadInput(f"--l1 {' '.join(map(str, args.l1))}: sweeps TOSCA's L1; method {args.method} has none")
+    check_applies(args, METHODS.info(args.method))
     executors.check_arguments(args)
     if is_sweep(args) and args.resume is None:
         if args.mode != "cached":
