@@ -2,10 +2,22 @@
 
 Modelled on timm's ``register_model`` / ``create_model``: registration is cheap (it stores a
 function), the heavy work happens only when ``create`` is called.
+
+Installed packages add entries through entry points (:mod:`lab.plugins`, docs/plugins.md): the
+first lookup (``names``, ``get``, ``info``, ``check``, ``create``, ``in``) loads them, so ``import
+lab`` and ``lab --help`` stay cheap. Each entry remembers where it came from (:meth:`source`).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
+
+from lab import plugins
+
+
+def _same_definition(a: object, b: object) -> bool:
+    """The same function or class defined again (a notebook cell run twice, a module reloaded)."""
+    key = lambda f: (getattr(f, "__module__", None), getattr(f, "__qualname__", None))  # noqa: E731
+    return key(a) == key(b) and key(a)[1] not in (None, "<lambda>")
 
 
 class Registry:
@@ -13,33 +25,52 @@ class Registry:
         self.kind = kind
         self._entries: dict[str, Callable[..., Any]] = {}
         self._info: dict[str, dict[str, Any]] = {}
+        self._source: dict[str, str] = {}
+        self._plugins_loaded = False
 
     def register(self, name: str, **info: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Record ``fn`` under ``name``. Registering the same definition again (same module and
+        qualified name: a notebook cell run twice) replaces it; any other second use of a name raises."""
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-            if name in self._entries:
+            if name in self._entries and not _same_definition(self._entries[name], fn):
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
             self._entries[name] = fn
             self._info[name] = dict(info)
+            self._source[name] = plugins.origin(fn)
+            plugins.note(self, name)
             return fn
 
         return deco
 
+    def _load_plugins(self) -> None:
+        if not self._plugins_loaded:
+            self._plugins_loaded = True   # first: a plugin that looks names up while loading does not recurse
+            plugins.load(self)
+
     def unregister(self, name: str) -> None:
         """Remove ``name`` (a toy entry a test added); unknown names raise as :meth:`check` does."""
         del self._entries[self.check(name)], self._info[name]
+        self._source.pop(name, None)
 
     def get(self, name: str) -> Callable[..., Any]:
         """The registered object itself (a factory, or an entry used as it is)."""
         return self._entries[self.check(name)]
 
     def names(self) -> list[str]:
+        self._load_plugins()
         return list(self._entries)
 
     def info(self, name: str) -> dict[str, Any]:
         return self._info[self.check(name)]
 
+    def source(self, name: str) -> str:
+        """Where ``name`` came from: ``"built-in"``, the distribution (package) of the plugin that
+        added it, or the module that registered it (``"__main__"``: a notebook cell or script)."""
+        return self._source.get(self.check(name), "?")
+
     def check(self, name: str) -> str:
         """Return ``name`` if registered, else raise a KeyError that lists the valid names."""
+        self._load_plugins()
         if name not in self._entries:
             valid = ", ".join(self._entries)
             raise KeyError(f"unknown {self.kind} {name!r}; valid {self.kind}s: {valid}")
@@ -49,4 +80,5 @@ class Registry:
         return self._entries[self.check(name)](**kwargs)
 
     def __contains__(self, name: object) -> bool:
+        self._load_plugins()
         return name in self._entries

@@ -71,9 +71,10 @@ def list_datasets() -> list[str]:
 
 
 def dataset_info(name: str) -> dict:
-    """Static facts (classes, size, licence, card) without loading anything."""
+    """Static facts (classes, size, licence, card) without loading anything. The card is
+    data_cards/<name>.md, or the path a plugin's entry gives as its ``card`` info."""
     info = {k: v for k, v in _REGISTRY.info(name).items() if k != "available"}
-    return {"name": name, **info, "card": CARDS.replace("<name>", name)}
+    return {"name": name, **info, "card": info.get("card") or CARDS.replace("<name>", name)}
 
 
 def is_available(name: str, root=None) -> tuple[bool, str]:
