@@ -106,7 +106,18 @@ def pid_alive(pid: int) -> bool:
 
 def lock_holder(lock: Path) -> tuple[str, int | None]:
     """(state, pid) of an existing lock file: ``'alive'``, ``'stale'`` (process gone, PID reused
-    by a younger process, or this very process) or ``'unreadable'`` (empty or not a PID)."""
+    by a younger process, or this very process), ``'unreadable'`` (empty or not a PID) or
+    ``'not a file'`` (a FIFO, link, folder or device: never opened, so a FIFO cannot hang us)."""
+    import stat
+
+    try:
+        mode = lock.lstat().st_mode
+    except FileNotFoundError:
+        return "stale", None
+    except OSError:
+        return "unreadable", None
+    if not stat.S_ISREG(mode):
+        return "not a file", None
     try:
         text = lock.read_text().strip()
         mtime = lock.stat().st_mtime
@@ -135,6 +146,15 @@ def check_unlocked(run_dir: str | os.PathLike) -> None:
     if state == "alive":
         raise RunLocked(f"{run_dir} is in use by process {pid}; wait for it to finish or stop it (kill {pid}); "
                         f"if that process is not a lab run, remove the lock: rm {path}")
+    if state == "not a file":
+        import stat
+
+        mode = path.lstat().st_mode
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a symbolic link" if stat.S_ISLNK(mode) else
+                "a folder" if stat.S_ISDIR(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device")
+        raise RunLocked(f"{run_dir} has a lock {path} that is {kind}, not a regular file (lab writes its process id "
+                        f"into a plain file); if no lab process is using this folder, remove it: rm "
+                        f"{'-r ' if stat.S_ISDIR(mode) else ''}{path}")
     if state == "unreadable":
         raise RunLocked(f"{run_dir} has an unreadable lock {path} (empty or not a process id; left by a crash?); "
                         f"if no lab process is using this folder, remove it: rm {path}")

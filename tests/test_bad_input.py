@@ -75,6 +75,7 @@ ROWS: list[Row] = [
     R("", "(none)", ["--bogus"], "lab: error: unrecognized arguments: --bogus"),
     R("", "(none)", ["nope"], "argument COMMAND: invalid choice: 'nope'"),
     R("backbones", "(none)", ["--bogus"], "unrecognized arguments: --bogus"),
+    R("plugins", "(none)", ["--bogus"], "unrecognized arguments: --bogus"),
     R("datasets", "--root", ["--root", "{file}"], "--root {file}: is a file, not a folder"),
     R("datasets", "$LAB_DATA_DIR", [], "$LAB_DATA_DIR {file}: is a file", env={"LAB_DATA_DIR": "{file}"}),
     # lab features
@@ -172,7 +173,25 @@ ROWS: list[Row] = [
     R("tosca", "--resume", ["--resume", "{run_empty_lock}"], "unreadable lock {run_empty_lock}/.lock"),
     R("tosca", "--resume", ["--resume", "{run_garbage_lock}"], "remove it: rm {run_garbage_lock}/.lock"),
     R("tosca", "--resume", ["--resume", "{run_alive_lock}"], "is in use by process"),
-    R("tosca", "--resume", ["--resume", "{run_other}"], "its config differs (stored, given)"),
+    R("tosca", "--resume", ["--resume", "{run_other}", "--epochs", "2"],
+      "--resume {run_other}: --epochs 2 contradicts the run's stored config (epochs 1); resume without it"),
+    R("tosca", "--resume", ["--seeds", "5", "6", "--resume", "{run_other}"],
+      "--resume {run_other}: --seeds 5 6 contradicts the run's stored config (seeds 1993)"),
+    R("tosca", "--resume", ["--resume", "{sweep_other}", "--epochs", "9", "--seeds", "7", "8"],
+      "--resume {sweep_other}: --epochs 9 --seeds 7 8 contradict the sweep's stored config (epochs 20, seeds 1993 1994)"),
+    R("tosca", "--resume", ["--resume", "{sweep_other}", "--seed", "1993", "--l1", "0.1"],
+      "--seed 1993 --l1 0.1 contradict the sweep's stored config (seeds 1993 1994, l1 0.0005)"),
+    R("tosca", "--resume", ["--resume", "{run_list_config}"], "{run_list_config}/config.json: not a run config (a JSON array"),
+    R("tosca", "--resume", ["--resume", "{run_null_config}"], "{run_null_config}/config.json: not a run config (a JSON null"),
+    R("tosca", "--resume", ["--resume", "{run_newer_config}"],
+      "{run_newer_config}/config.json: unknown field(s) from_the_future (written by a newer version"),
+    R("tosca", "--resume", ["--resume", "{sweep_newer}"], "sweep.json: unknown field(s) from_the_future"),
+    R("tosca", "--resume", ["--resume", "{sweep_list}"], "sweep.json: not a sweep manifest (a JSON list"),
+    R("tosca", "--resume", ["--resume", "{run_fifo_lock}"], "has a lock {run_fifo_lock}/.lock that is a FIFO, not a regular file"),
+    R("tosca", "--resume", ["--resume", "{run_foreign}"],
+      "cannot resume {run_foreign}: {run_foreign}/modules/task000.safetensors belongs to another run (seed 5, task 0"),
+    R("tosca", "--resume", ["--resume", "{run_moved}"],
+      "{run_moved}/stages/stage001.json belongs to another run (seed 1993, task 0"),
     R("tosca", "--quiet", ["--quiet=1"], "ignored explicit argument"),
     # lab aware (the options every action shares, then each action's own)
     R("aware", "(none)", ["nope"], "argument ACTION: invalid choice: 'nope'"),
@@ -354,6 +373,35 @@ def sandbox(tmp_path_factory) -> dict[str, str]:
         (folder / "config.json").write_text('{"epochs": 1}\n')
         if lock is not None:
             (folder / ".lock").write_text(lock)
+        paths[name] = folder
+    import json
+    from dataclasses import asdict
+
+    from lab.experiments.tosca.run import RunConfig, config_hash
+
+    for name, text in (("run_list_config", "[]"), ("run_null_config", "null"),
+                       ("run_newer_config", '{"epochs": 1, "from_the_future": 1}'),
+                       ("run_fifo_lock", '{"epochs": 1}'), ("run_foreign", '{"epochs": 1}'),
+                       ("run_moved", '{"epochs": 1}')):
+        folder = tmp / name
+        (folder / "modules").mkdir(parents=True)
+        (folder / "stages").mkdir()
+        (folder / "config.json").write_text(text + "\n")
+        paths[name] = folder
+    os.mkfifo(tmp / "run_fifo_lock" / ".lock")     # reading it would wait for a writer forever
+    (tmp / "run_foreign" / "modules" / "task000.safetensors").write_bytes(b"a module of another run")
+    (tmp / "run_foreign" / "modules" / "task000.safetensors.owner").write_text(
+        json.dumps({"seed": 5, "config_sha256": "0" * 64, "task": 0, "sha256": "0" * 64}))
+    (tmp / "run_moved" / "stages" / "stage001.json").write_text("{}")   # task 0's stage, renamed
+    (tmp / "run_moved" / "stages" / "stage001.json.owner").write_text(
+        json.dumps({"seed": 1993, "config_sha256": config_hash(RunConfig(epochs=1)), "task": 0, "sha256": "0" * 64}))
+    base = asdict(RunConfig())
+    for name, manifest in (("sweep_other", {"base_config": base, "seeds": [1993, 1994], "l1": [5e-4], "executor": "local"}),
+                           ("sweep_newer", {"base_config": base, "seeds": [1993], "l1": [5e-4], "from_the_future": 1}),
+                           ("sweep_list", [])):
+        folder = tmp / name
+        folder.mkdir()
+        (folder / "sweep.json").write_text(json.dumps(manifest))
         paths[name] = folder
     if os.geteuid() == 0:  # root writes anywhere a mode allows: use a folder the kernel refuses
         paths["unwritable"] = Path("/sys")
@@ -694,4 +742,4 @@ def test_options_the_method_uses_are_accepted(argv, tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_RUNS_DIR", str(tmp_path))
     args = cli.build_parser(["tosca"]).parse_args(["tosca", *argv])
     tosca_cli.check_args(args)
-    assert tosca_cli.given(args) >= {a[2:].replace("-", "_") for a in argv if a.startswith("--")}
+    assert set(tosca_cli.given(args)) >= {a[2:].replace("-", "_") for a in argv if a.startswith("--")}

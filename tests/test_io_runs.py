@@ -118,10 +118,27 @@ def test_check_root_creates_nothing(tmp_path):
 
 
 # --- the checks themselves ----------------------------------------------------------------------------
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 0.0, -1e-9, True, None, "1e-3"])
-def test_learning_rate_accepts_only_finite_positive_numbers(value):
-    with pytest.raises(_validate.BadInput, match=r"^--lr .*: must be a finite number > 0$"):
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 0.0, -1e-9, True, None, "1e-3", 1e30, 10.5])
+def test_learning_rate_accepts_only_finite_positive_bounded_numbers(value):
+    with pytest.raises(_validate.BadInput, match=r"^--lr .*: must be a finite number > 0 and <= 10$"):
         _validate.learning_rate("--lr", value)
+
+
+def test_a_lock_that_is_not_a_regular_file_is_an_error_not_a_hang(tmp_path):
+    """A FIFO named .lock would block a read forever: it is never opened, and named with how to clear it."""
+    fifo = tmp_path / "fifo_run"
+    fifo.mkdir()
+    os.mkfifo(fifo / ".lock")
+    link = tmp_path / "link_run"
+    link.mkdir()
+    (link / ".lock").symlink_to("/dev/zero")
+    for folder, kind in ((fifo, "a FIFO"), (link, "a symbolic link")):
+        assert runs.lock_holder(folder / ".lock") == ("not a file", None)
+        with pytest.raises(runs.RunLocked, match=f"is {kind}, not a regular file.*rm {folder}/.lock"):
+            runs.check_unlocked(folder)
+        with pytest.raises(runs.RunLocked, match="not a regular file"):
+            runs.lock(folder)
+        assert not [p for p in folder.iterdir() if p.name != ".lock"]   # lock() left no temporary file
 
 
 def test_learning_rate_is_one_check_for_trainconfig_and_tune_grids():

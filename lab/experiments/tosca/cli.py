@@ -131,7 +131,7 @@ class _Given:
     the command line (a default never passes through here), so checks tell typed flags from defaults."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        namespace._given = frozenset(getattr(namespace, "_given", frozenset()) | {self.dest})
+        namespace._given = tuple(dict.fromkeys((*getattr(namespace, "_given", ()), self.dest)))
         super().__call__(parser, namespace, values, option_string)
 
 
@@ -142,12 +142,12 @@ def track_given(parser) -> None:
     for a in parser._actions:
         if a.option_strings and not isinstance(a, (argparse._HelpAction, _Given)):
             a.__class__ = type(f"Given{type(a).__name__}", (_Given, type(a)), {})
-    parser.set_defaults(_given=frozenset())
+    parser.set_defaults(_given=())
 
 
-def given(args) -> frozenset:
-    """The dests of the options typed on the command line (not their defaults)."""
-    return getattr(args, "_given", frozenset())
+def given(args) -> tuple:
+    """The dests of the options typed on the command line (not their defaults), in the order typed."""
+    return getattr(args, "_given", ())
 
 
 def _flag(dest: str) -> str:
@@ -268,8 +268,64 @@ def check_args(args) -> None:
                                                  f"no {sweep.MANIFEST})")
         V.out_dir("--resume", folder)
         runs.check_unlocked(folder)
+        check_resume(args, folder)
     else:
         runs.check_root("tosca", args.runs_dir)
+
+
+NOT_CONFIG = ("resume", "runs_dir", "executor", "address", "quiet")   # how and where to run, not what
+
+
+def stored(folder):
+    """``(kind, config, seeds, l1 values)`` a run or sweep folder holds (``kind``: 'run' or 'sweep'),
+    each file checked: one line naming it when it is not a config of this version."""
+    from pathlib import Path
+
+    from lab import _io
+
+    from . import sweep
+    from .run import config_from_stored
+
+    folder = Path(folder)
+    if (folder / sweep.MANIFEST).is_file():
+        base, seeds, l1s = sweep.read_manifest(folder)
+        return "sweep", base, list(seeds), list(l1s)
+    path = folder / "config.json"
+    cfg = config_from_stored(_io.read_json(path), path)
+    return "run", cfg, [cfg.seed], [cfg.l1]
+
+
+def check_resume(args, folder) -> None:
+    """``--resume DIR``: the folder's stored config is read and checked, and every option typed
+    beside ``--resume`` must agree with it (a resumed run or sweep uses its stored settings; an
+    option that says otherwise is refused, all of them named, instead of being ignored)."""
+    from lab import _validate as V
+
+    kind, cfg, seeds, l1s = stored(folder)
+
+    def then(dest):
+        if dest in ("seed", "seeds"):
+            return seeds
+        if dest == "l1":
+            return l1s
+        if dest == "dataset":
+            return list(cfg.datasets)
+        value = getattr(cfg, dest, None)
+        return list(value) if isinstance(value, tuple) else value
+
+    def now(dest):
+        value = getattr(args, dest)
+        return [value] if dest == "seed" else (list(value) if isinstance(value, (list, tuple)) else value)
+
+    clash = [d for d in given(args) if d not in NOT_CONFIG and now(d) != then(d)]
+    if clash:
+        typed = " ".join(_shown(args, d) for d in clash)
+        had = ", ".join(f"{'seeds' if d in ('seed', 'seeds') else d} "
+                        f"{' '.join(map(V.show, then(d))) if isinstance(then(d), list) else V.show(then(d))}"
+                        for d in clash)
+        one = len(clash) == 1
+        raise V.BadInput(f"--resume {folder}: {typed} contradict{'s' if one else ''} the {kind}'s stored config "
+                         f"({had}); resume without {'it' if one else 'them'}, or start a new {kind} (no --resume)")
 
 
 def is_sweep(args) -> bool:
@@ -289,7 +345,8 @@ def cmd_tosca(args) -> int:
     check_args(args)
     if is_sweep(args):
         return cmd_sweep(args)
-    cfg = config_from_args(args)
+    # a resumed run continues with its stored config (the options typed agree with it: check_resume)
+    cfg = stored(args.resume)[1] if args.resume is not None else config_from_args(args)
     res = run(cfg, runs_root=args.runs_dir, resume=args.resume, progress=not args.quiet)
     print(format_summary(res))
     return 0

@@ -6,7 +6,8 @@
 
 Every run writes into its own directory (``lab.runs.new_run_dir``; two runs never collide):
 ``config.json`` (written first), ``modules/task{t}.safetensors`` (that task's module + head, with a
-checksum sidecar) and ``stages/stage{t}.json`` (its evaluation) after every task, then the tidy
+checksum sidecar) and ``stages/stage{t}.json`` (its evaluation) after every task, each with an owner
+sidecar (``.owner``: the run's seed, config hash and the task index, checked on resume), then the tidy
 tables (``summary``, ``stages``, ``matrix``, ``tasks``, ``epochs``; parquet) and ``summary.json``
 (full config, seed, versions, times, parameter counts). ``run(cfg, resume=run_dir)`` continues an
 interrupted run after its last finished task and gives the same numbers as an uninterrupted one
@@ -14,6 +15,7 @@ interrupted run after its last finished task and gives the same numbers as an un
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import warnings
@@ -100,6 +102,100 @@ def _config_differences(stored: dict, cfg: RunConfig) -> dict:
     defaults = RunConfig().to_dict()
     return {k: (stored.get(k, defaults.get(k)), v) for k, v in cfg.to_dict().items()
             if stored.get(k, defaults.get(k)) != v}
+
+
+def config_from_stored(stored, where) -> RunConfig:
+    """The :class:`RunConfig` a run folder's ``config.json`` (or a sweep's ``base_config``) holds,
+    checked: a JSON object whose fields this version knows (a newer version's run is refused, not
+    half-read) and whose values are valid; otherwise one line naming ``where``."""
+    if not isinstance(stored, dict):
+        kind = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(stored), "null")
+        raise ValueError(f"{where}: not a run config (a JSON {kind}, not an object)")
+    known = {f.name for f in fields(RunConfig)}
+    unknown = sorted(set(stored) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)} (written by a newer version of the lab?); "
+                         f"resume it with that version, or start a new run")
+    d = dict(stored)
+    for k in ("datasets", "routings"):
+        if isinstance(d.get(k), list):
+            d[k] = tuple(d[k])
+    try:
+        return RunConfig(**d)
+    except (TypeError, ValueError, KeyError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        raise ValueError(f"{where}: not a valid run config ({' '.join(str(msg).split())})") from None
+
+
+OWNER = ".owner"   # beside every module and stage file: the run it belongs to (seed, config hash, task)
+
+
+def config_hash(cfg: RunConfig) -> str:
+    return hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def _owner_path(path: Path) -> Path:
+    return path.with_name(path.name + OWNER)
+
+
+def _write_owner(path: Path, cfg: RunConfig, t: int, digest: str) -> None:
+    from lab import _io
+
+    _io.write_json(_owner_path(path), {"seed": cfg.seed, "config_sha256": config_hash(cfg), "task": t,
+                                       "sha256": digest})
+
+
+def _read_owner(path: Path) -> dict | None:
+    """The owner sidecar of ``path`` (``None`` when there is none: a run written before sidecars)."""
+    from lab import _io
+
+    side = _owner_path(path)
+    if not side.exists():
+        return None
+    try:
+        owner = _io.read_json(side)
+    except (OSError, UnicodeDecodeError, _io.CorruptFile) as exc:
+        raise ValueError(f"{side}: unreadable ({' '.join(str(exc).split())}); remove it and {path.name} to retrain "
+                         f"that task") from None
+    if not isinstance(owner, dict) or not {"seed", "config_sha256", "task", "sha256"} <= set(owner):
+        raise ValueError(f"{side}: not an owner record (seed, config_sha256, task, sha256); remove it and "
+                         f"{path.name} to retrain that task")
+    return owner
+
+
+def _task_of(path: Path) -> int | None:
+    digits = "".join(c for c in path.name.split(".")[0] if c.isdigit())
+    return int(digits) if digits else None
+
+
+def verify_owners(run_dir: Path, cfg: RunConfig) -> None:
+    """Every stored module and stage file of ``run_dir`` that records its owner belongs to this run:
+    the same seed, config hash and task index (a file copied in from another run is refused, one
+    line naming it, before any work)."""
+    want = config_hash(cfg)
+    files = [*sorted((run_dir / "modules").glob("task*.safetensors")), *sorted((run_dir / "stages").glob("stage*.json"))]
+    for f in files:
+        owner = _read_owner(f)
+        if owner is None:
+            continue
+        if owner["seed"] != cfg.seed or owner["config_sha256"] != want or owner["task"] != _task_of(f):
+            raise ValueError(f"cannot resume {run_dir}: {f} belongs to another run (seed {owner['seed']}, task "
+                             f"{owner['task']}, config {str(owner['config_sha256'])[:12]}…; this run: seed {cfg.seed}, "
+                             f"task {_task_of(f)}, config {want[:12]}…); remove it and {_owner_path(f).name} to retrain "
+                             f"that task")
+
+
+def _check_owned(path: Path, cfg: RunConfig, t: int) -> None:
+    """Before restoring ``path`` (task ``t``): its owner sidecar exists and records this file's sha256
+    (:class:`lab._io.CorruptFile` otherwise: the task is retrained)."""
+    from lab import _io
+
+    owner = _read_owner(path)
+    if owner is None:
+        raise _io.CorruptFile(f"{path}: no owner record {_owner_path(path).name} (written by an older version, or "
+                              f"interrupted)")
+    if _io.sha256_file(path) != owner["sha256"]:
+        raise _io.CorruptFile(f"{path}: sha256 differs from the one its owner record {_owner_path(path).name} holds")
 
 
 @dataclass
@@ -204,9 +300,11 @@ def run(cfg: RunConfig, *, runs_root=None, resume=None, progress: bool = True,
     if resume is not None:
         run_dir = Path(resume)
         stored = _io.read_json(run_dir / "config.json")
+        config_from_stored(stored, run_dir / "config.json")   # an object of known, valid fields
         diff = _config_differences(stored, cfg)
         if diff:
             raise ValueError(f"cannot resume {run_dir}: its config differs (stored, given): {diff}")
+        verify_owners(run_dir, cfg)   # every stored module / stage file is this run's: before any work
     else:
         runs.check_root("tosca", runs_root)
     prepared = _prepare(cfg) if data is None else None  # missing data / bad weights: no run folder yet
@@ -240,6 +338,8 @@ def _run(cfg, run_dir, data, progress, routings, prepared=None) -> RunResult:
         mfile, sfile = run_dir / "modules" / f"task{t:03d}.safetensors", run_dir / "stages" / f"stage{t:03d}.json"
         if sfile.exists() and mfile.exists() and len(stages) == t:  # finished before an interruption
             try:
+                _check_owned(mfile, cfg, t)
+                _check_owned(sfile, cfg, t)
                 tensors, _ = _io.load_tensors(mfile)
                 stage = _io.read_json(sfile)
                 method.restore_task(t, tensors, classes, data)
@@ -272,7 +372,10 @@ def _run(cfg, run_dir, data, progress, routings, prepared=None) -> RunResult:
         _io.save_tensors(mfile, method.task_tensors(t), {"task": str(t), "method": cfg.method,
                                                          "classes": json.dumps(classes),
                                                          "config": json.dumps(cfg.to_dict())})
-        _io.write_json(sfile, stage)  # written last: its presence marks the task finished
+        _write_owner(mfile, cfg, t, _io.sha256_file(mfile))
+        text = json.dumps(stage, indent=2, sort_keys=True, default=str) + "\n"   # as _io.write_json
+        _write_owner(sfile, cfg, t, hashlib.sha256(text.encode()).hexdigest())
+        _io.atomic_write(sfile, lambda p: p.write_text(text))  # written last: its presence marks the task finished
         stages.append(stage)
         epochs.extend(log)
         hs = f" σ={stage['head_scale']:.2f}" if stage["head_scale"] is not None else ""

@@ -66,10 +66,23 @@ def read_manifest(folder: Path) -> tuple[RunConfig, list[int], list[float]]:
     """(base config, seeds, L1 values) of the sweep in ``folder`` (to resume it)."""
     from lab._io import read_json
 
-    m = read_json(Path(folder) / MANIFEST)
-    base = m["base_config"]
-    base.update(datasets=tuple(base["datasets"]), routings=tuple(base["routings"]))
-    return RunConfig(**base), m["seeds"], m["l1"]
+    from .run import config_from_stored
+
+    path = Path(folder) / MANIFEST
+    m = read_json(path)
+    if not isinstance(m, dict):
+        raise ValueError(f"{path}: not a sweep manifest (a JSON {type(m).__name__ if m is not None else 'null'}, "
+                         f"not an object)")
+    unknown = sorted(set(m) - {"base_config", "seeds", "l1", "executor"})
+    if unknown:
+        raise ValueError(f"{path}: unknown field(s) {', '.join(unknown)} (written by a newer version of the lab?); "
+                         f"resume it with that version, or start a new sweep")
+    seeds, l1s = m.get("seeds"), m.get("l1")
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+        raise ValueError(f"{path}: its seeds must be a non-empty list of integers (got {seeds!r})")
+    if not (isinstance(l1s, list) and l1s and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in l1s)):
+        raise ValueError(f"{path}: its l1 must be a non-empty list of numbers (got {l1s!r})")
+    return config_from_stored(m.get("base_config"), f"{path} (base_config)"), seeds, [float(x) for x in l1s]
 
 
 def run_sweep(base: RunConfig, seeds, l1s, folder: Path, *, executor: str = "local", address: str | None = None,

@@ -100,6 +100,30 @@ def test_corrupt_module_file_is_retrained_on_resume(data, tmp_path):
     pd.testing.assert_frame_equal(res.summary, again.summary)
 
 
+def test_every_stored_file_records_its_run_and_a_foreign_one_is_refused_on_resume(data, tmp_path):
+    from lab.experiments.tosca.run import config_hash
+
+    res = run(RunConfig(**FAST), data=data, runs_root=tmp_path, progress=False)
+    d = res.run_dir
+    for t in range(3):
+        for f in (d / "modules" / f"task{t:03d}.safetensors", d / "stages" / f"stage{t:03d}.json"):
+            owner = json.loads((f.parent / (f.name + ".owner")).read_text())
+            assert (owner["seed"], owner["task"], owner["config_sha256"]) == (res.config.seed, t, config_hash(res.config))
+    other = run(RunConfig(**FAST, seed=7), data=data, runs_root=tmp_path, progress=False)
+    mine = {n: (d / "stages" / n).read_bytes() for n in ("stage001.json", "stage001.json.owner")}
+    for n in mine:                                   # another seed's stage copied in
+        (d / "stages" / n).write_bytes((other.run_dir / "stages" / n).read_bytes())
+    with pytest.raises(ValueError, match=r"stage001.json belongs to another run \(seed 7, task 1"):
+        run(RunConfig(**FAST), data=data, runs_root=tmp_path, resume=d, progress=False)
+    for n, b in mine.items():
+        (d / "stages" / n).write_bytes(b)
+    (d / "stages" / "stage002.json.owner").unlink()   # a stage without its record (an older run): retrained
+    with pytest.warns(UserWarning, match="retraining from task 2"):
+        again = run(RunConfig(**FAST), data=data, runs_root=tmp_path, resume=d, progress=False)
+    pd.testing.assert_frame_equal(res.summary, again.summary)
+    assert (d / "stages" / "stage002.json.owner").exists()
+
+
 _WORKER = """
 import sys, torch
 torch.set_num_threads(1)
