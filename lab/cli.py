@@ -140,6 +140,16 @@ def cmd_features(args) -> int:
     return 0
 
 
+def cmd_plugins(args) -> int:
+    from lab import plugins
+
+    rows = [{"kind": k, "name": n, "package": src} for k, n, src in plugins.entries()]
+    print(_table(rows))
+    groups = ", ".join(plugins.GROUPS.values())
+    print(f"\nPlugins add entries through the entry-point groups {groups} (docs/plugins.md)")
+    return 0
+
+
 _JUPYTER_FIXED = ("--ip", "--ServerApp.ip", "--port", "--ServerApp.port", "--ServerApp.token",
                   "--IdentityProvider.token", "--ServerApp.password", "--PasswordIdentityProvider",
                   "--ServerApp.allow_origin", "--ServerApp.allow_origin_pat", "--ServerApp.allow_remote_access",
@@ -214,6 +224,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                                                    "CUDA runs in bf16 autocast)")
     f.add_argument("--quiet", action="store_true", help="no progress bar")
     f.set_defaults(func=cmd_features)
+
+    g = sub.add_parser("plugins", help="list every registry entry (backbones, datasets, methods, routers, rules) "
+                                       "and the package it came from")
+    g.set_defaults(func=cmd_plugins)
 
     # Lazy only for `lab` / `lab --help` (no command): a command builds every plugin's parser, as before
     # (building only the requested one changed how `lab tosca` ended on Ctrl-C in a cold run: exit -2
