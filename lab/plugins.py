@@ -272,7 +272,8 @@ def rescan() -> None:
 
 
 def forget(dist: str) -> None:
-    """Remove every entry the distribution ``dist`` added, so that a rescan loads it afresh (tests)."""
+    """Remove every entry the distribution ``dist`` added, so that a rescan loads it afresh (tests;
+    drop its modules from ``sys.modules`` too, or importing them again registers nothing)."""
     for reg in _seen:
         for name in [n for n, src in reg._source.items() if src == dist]:
             _drop(reg, name)
