@@ -10,13 +10,15 @@ The library's own validation uses the same functions (``TrainConfig`` and ``lab 
 grids both call :func:`learning_rate`), so a value the command line accepts is never refused
 later, and the reverse. Path checks look before they leap without leaving anything behind:
 a folder that does not exist yet is not created, its nearest existing parent is probed with a
-temporary file (``os.access`` is not enough: root passes it on ``/sys`` and read-only mounts).
+temporary file (``os.access`` is not enough: root passes it on ``/sys`` and read-only mounts), and its
+filesystem must have ``$LAB_MIN_FREE_MB`` (default 100) MB free: a full disk is found before a run.
 """
 from __future__ import annotations
 
 import math
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable
@@ -100,14 +102,45 @@ def regexes(param: str, patterns: Iterable[str]) -> list[re.Pattern]:
 
 
 # --- paths ---------------------------------------------------------------------------------------
+MIN_FREE_ENV = "LAB_MIN_FREE_MB"
+MIN_FREE_MB = 100     # an output folder's filesystem needs this much free space before a run starts
+
+
+def min_free_mb() -> float:
+    """``$LAB_MIN_FREE_MB`` (default :data:`MIN_FREE_MB`): the free space an output folder needs."""
+    raw = os.environ.get(MIN_FREE_ENV)
+    if raw is None or raw.strip() == "":
+        return float(MIN_FREE_MB)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = raw
+    return float(number(f"${MIN_FREE_ENV}", value, ge=0))
+
+
 def _probe(param: str, shown, folder: Path) -> None:
-    """Create and remove a temporary file in ``folder``: the only honest writability test."""
+    """Create, write 4 KiB into and remove a temporary file in ``folder`` (the only honest
+    writability test: an empty file needs no free block), then check the free space against
+    :func:`min_free_mb` (a full filesystem is found before the run, not in its last write)."""
     try:
         fd, tmp = tempfile.mkstemp(prefix=".lab-write-check-", dir=folder)
     except OSError as exc:
         raise bad(param, shown, f"cannot write into {folder} ({exc.strerror or exc})") from None
-    os.close(fd)
-    os.unlink(tmp)
+    try:
+        os.write(fd, b"\0" * 4096)
+    except OSError as exc:
+        raise bad(param, shown, f"cannot write into {folder} ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+        os.unlink(tmp)
+    need = min_free_mb()
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:      # the write above went through: nothing better to say
+        return
+    if free < need * 2 ** 20:
+        raise bad(param, shown, f"only {free / 2 ** 20:,.0f} MB free on the filesystem of {folder}; a run needs at "
+                                f"least {need:,.0f} MB (${MIN_FREE_ENV}): free some space or choose another folder")
 
 
 def _existing_parent(path: Path) -> Path:

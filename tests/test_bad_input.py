@@ -53,6 +53,17 @@ def R(command, param, argv, fragment, **kw) -> Row:
 AWARE_ACTIONS = ("profile", "finetune", "ablate", "tune")
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_FREE_PORT = _free_port()   # where no rank listens
+
+
 def _aware_common(action: str) -> list[Row]:
     c = f"aware {action}"
     return [
@@ -246,6 +257,29 @@ ROWS: list[Row] = [
         R(f"aware {action}", "--address", ["--executor", "ray", "--address", " "], "--address ' ': give auto, HOST:PORT"),
         R(f"aware {action}", "$WORLD_SIZE", [], "$WORLD_SIZE 2: one of several launched processes; only `lab aware "
           "finetune` runs under accelerate launch", env={"WORLD_SIZE": "2"}))],
+    # a full output filesystem is found before the run (free space against $LAB_MIN_FREE_MB, and a write probe)
+    R("tosca", "$LAB_MIN_FREE_MB", [], "MB free on the filesystem of", env={"LAB_MIN_FREE_MB": "1e11"}),
+    R("tosca", "$LAB_MIN_FREE_MB", [], "a run needs at least 100,000,000,000 MB ($LAB_MIN_FREE_MB)",
+      env={"LAB_MIN_FREE_MB": "1e11"}),
+    R("tosca", "$LAB_MIN_FREE_MB", [], "$LAB_MIN_FREE_MB abc: must be a finite number >= 0", env={"LAB_MIN_FREE_MB": "abc"}),
+    R("features", "$LAB_MIN_FREE_MB", ["--cache-dir", "{dir}"], "--cache-dir {dir}: only ",
+      env={"LAB_MIN_FREE_MB": "1e11"}),
+    R("features", "$LAB_MIN_FREE_MB", [], "$LAB_CACHE_DIR {dir}: only ", env={"LAB_MIN_FREE_MB": "1e11",
+                                                                            "LAB_CACHE_DIR": "{dir}"}),
+    R("report", "$LAB_MIN_FREE_MB", ["--out", "{dir}"], "--out {dir}: only ", env={"LAB_MIN_FREE_MB": "1e11"}),
+    R("aware finetune", "$LAB_MIN_FREE_MB", ["--size", "smoke", "--cache-dir", "{dir}"], "--cache-dir {dir}: only ",
+      env={"LAB_MIN_FREE_MB": "1e11"}),
+    # a launched rank whose peers never come: one line after $LAB_DIST_TIMEOUT seconds, not a wait forever
+    R("aware finetune", "$WORLD_SIZE", ["--size", "smoke"], "$WORLD_SIZE 2: one of 2 launched processes, but $RANK "
+      "and $MASTER_ADDR are not set", env={"WORLD_SIZE": "2"}),
+    R("aware finetune", "$WORLD_SIZE", ["--size", "smoke"],
+      f"$WORLD_SIZE 2: rank 0 waited 2 s at 127.0.0.1:{_FREE_PORT} and the other 1 process(es) did not join",
+      env={"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_FREE_PORT),
+           "LAB_DIST_TIMEOUT": "2"}, bound=20),
+    R("aware finetune", "$LAB_DIST_TIMEOUT", ["--size", "smoke"], "$LAB_DIST_TIMEOUT abc: must be a finite number > 0",
+      env={"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "LAB_DIST_TIMEOUT": "abc"}),
+    R("aware finetune", "$RANK", ["--size", "smoke"], "$RANK 5: must be an integer >= 0 and <= 1",
+      env={"WORLD_SIZE": "2", "RANK": "5", "MASTER_ADDR": "127.0.0.1"}),
     R("aware study", "--out", ["--out", "{file}"], "--out {file}: is a file, not a folder"),
     R("aware study", "--preset", ["--preset", "huge"], "argument --preset: invalid choice"),
     R("aware study", "--status", ["--status=1"], "ignored explicit argument"),

@@ -216,3 +216,24 @@ def test_atomic_writes_get_the_usual_file_mode_not_mkstemps_0600(tmp_path):
     finally:
         os.umask(old)
     assert (p.stat().st_mode & 0o777) == 0o644
+
+
+def test_a_full_filesystem_is_found_before_the_run(tmp_path, monkeypatch):
+    """No tmpfs without root: the free-space floor is forced up ($LAB_MIN_FREE_MB), and a write
+    that fails with ENOSPC is simulated; both are one line naming the folder, nothing left behind."""
+    import errno
+
+    monkeypatch.setenv("LAB_MIN_FREE_MB", "1e12")
+    with pytest.raises(_validate.BadInput, match=r"^--out .*: only [\d,]+ MB free on the filesystem of .*; a run "
+                                                 r"needs at least 1,000,000,000,000 MB \(\$LAB_MIN_FREE_MB\)"):
+        _validate.out_dir("--out", tmp_path / "new")
+    monkeypatch.setenv("LAB_MIN_FREE_MB", "0")
+    assert _validate.out_dir("--out", tmp_path / "new") == tmp_path / "new"
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_validate.os, "write", full)
+    with pytest.raises(_validate.BadInput, match=r"cannot write into .* \(No space left on device\)"):
+        runs.check_root("tosca", tmp_path)
+    assert list(tmp_path.iterdir()) == []

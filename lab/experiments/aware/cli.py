@@ -140,6 +140,10 @@ def check_common(args) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and action != "finetune":   # as distributed.launched()
         raise V.BadInput(f"$WORLD_SIZE {os.environ['WORLD_SIZE']}: one of several launched processes; only "
                          f"`lab aware finetune` runs under accelerate launch (sweeps: --executor ray)")
+    if action == "finetune" and int(os.environ.get("WORLD_SIZE", "1")) > 1:   # launched: its environment first
+        from lab.experiments.aware.distributed import launch_env
+
+        launch_env()
     check_cache_dir(args.cache_dir)
     V.device("--device", args.device)
     if args.steps is not None:

@@ -17,7 +17,8 @@ changes. A session:
   (a communication hook counts the elements all-reduced per step: exactly the trainable ones); after
   training, a sha256 of every frozen tensor is compared across ranks and with the one before training.
 
-Only rank 0 prints and writes (``Session.is_main``).
+Only rank 0 prints and writes (``Session.is_main``). The ranks meet first (:func:`rendezvous`): a rank
+waits at most ``$LAB_DIST_TIMEOUT`` seconds (default 60) for the others, then stops with one line.
 """
 from __future__ import annotations
 
@@ -36,6 +37,93 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+TIMEOUT_ENV = "LAB_DIST_TIMEOUT"   # seconds a rank waits for the others to join (default below)
+DEFAULT_TIMEOUT_S = 60.0
+MAX_TIMEOUT_S = 24 * 3600.0
+
+
+def rendezvous_timeout() -> float:
+    """``$LAB_DIST_TIMEOUT`` (seconds, default 60): how long a rank waits for every other rank."""
+    from lab import _validate as V
+
+    raw = os.environ.get(TIMEOUT_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = raw
+    return float(V.number(f"${TIMEOUT_ENV}", value, gt=0, le=MAX_TIMEOUT_S))
+
+
+_HOW = ("start every rank with `accelerate launch --num_processes {world} -m lab aware finetune ...` (or torchrun), "
+        "or unset WORLD_SIZE for one process")
+
+
+def launch_env() -> tuple[int, int, str, int, float]:
+    """``(world, rank, master address, port, timeout)`` from the launcher's environment, checked
+    (one line naming what is missing or bad): what :func:`rendezvous` needs, before any work."""
+    from lab import _validate as V
+
+    env = os.environ
+    world = V.count("$WORLD_SIZE", _int(env.get("WORLD_SIZE", "1")), maximum=65536)
+    missing = [f"${k}" for k in ("RANK", "MASTER_ADDR") if not env.get(k)]
+    if missing:
+        raise V.BadInput(f"$WORLD_SIZE {world}: one of {world} launched processes, but {' and '.join(missing)} "
+                         f"{'is' if len(missing) == 1 else 'are'} not set; {_HOW.format(world=world)}")
+    rank = V.count("$RANK", _int(env["RANK"]), minimum=0, maximum=world - 1)
+    port = V.count("$MASTER_PORT", _int(env.get("MASTER_PORT") or "29500"), maximum=65535)
+    return world, rank, env["MASTER_ADDR"], port, rendezvous_timeout()
+
+
+def _int(raw: str):
+    try:
+        return int(raw)
+    except ValueError:
+        return raw
+
+
+@contextmanager
+def _c10d_quiet():
+    """The c10d store logs every failed connect (and a C++ stack) on fd 2: kept out of the one-line
+    error (they are written to a temporary file, dropped unless the join succeeds)."""
+    import tempfile
+
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def rendezvous(cpu: bool) -> None:
+    """Join the launcher's process group, waiting at most :func:`rendezvous_timeout` seconds for
+    the other ranks (a ``WORLD_SIZE`` > 1 with no other process waited forever before): one line
+    naming what is missing otherwise. Collectives after it keep torch's default timeout."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if dist.is_initialized() or not launched():
+        return
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return      # torchrun / accelerate launch: its agent started every rank and holds the store they join
+    world, rank, addr, port, timeout = launch_env()
+    how = _HOW.format(world=world)
+    try:
+        with _c10d_quiet():
+            store = dist.TCPStore(addr, port, world, is_master=rank == 0, timeout=datetime.timedelta(seconds=timeout),
+                                  wait_for_workers=True)
+    except (RuntimeError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RuntimeError(f"$WORLD_SIZE {world}: rank {rank} waited {timeout:g} s at {addr}:{port} and the other "
+                           f"{world - 1} process(es) did not join ({first}); {how} (the wait: ${TIMEOUT_ENV})") from None
+    dist.init_process_group("gloo" if cpu else "nccl", store=store, rank=rank, world_size=world)
+
+
 def session(device: str | None = None) -> "Session | None":
     """A :class:`Session` when launched as one of several processes, else None. ``device`` cpu (or
     no CUDA): gloo on the CPU; otherwise each rank takes the GPU of its local rank."""
@@ -51,6 +139,7 @@ class Session:
         # DDP's default find_unused_parameters=False: every trainable parameter takes part in every step
         # (the downstream tasks ask about images, so the projector always runs); a batch that left one
         # out would stop DDP with an error rather than all-reduce zeros one process never computed.
+        rendezvous(cpu)      # every rank has joined within $LAB_DIST_TIMEOUT s, or one line says who is missing
         self.acc = Accelerator(cpu=cpu)
         if self.acc.distributed_type.name == "FSDP":
             raise ValueError("FSDP shards every weight, and AWARe merges its trained rows into the full weights after "
