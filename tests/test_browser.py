@@ -86,7 +86,7 @@ def test_tiny_report_draws_offline(browser, tiny):
 def test_tiny_index_links_every_report_and_its_images_load(browser, tiny):
     seen = open_page(browser, tiny / "index.html")
     check_report(seen, "index.html")
-    assert {"a_good.html", "b_bad.html", "a_good.ipynb"} <= set(seen["links"])
+    assert {"./a_good.html", "./b_bad.html", "./a_good.ipynb"} <= set(seen["links"])
     assert seen["broken_imgs"] == []
 
 
@@ -111,4 +111,4 @@ def test_notebook_index_opens_offline(browser, tmp_path_factory):
     write_index(out, NOTEBOOKS[0].parent)
     seen = open_page(browser, out / "index.html")
     check_report(seen, "index.html")
-    assert {f"{p.stem}.html" for p in NOTEBOOKS} <= set(seen["links"])
+    assert {f"./{p.stem}.html" for p in NOTEBOOKS} <= set(seen["links"])

@@ -59,7 +59,7 @@ def test_index_links_reports_with_headline_numbers_and_wall_time(rendered):
     _, out, _ = rendered
     page = (out / "index.html").read_text()
     for name in ("a_good", "b_bad"):
-        assert f"href='{name}.html'" in page and f"href='{name}.ipynb'" in page
+        assert f"href='./{name}.html'" in page and f"href='./{name}.ipynb'" in page
     assert "Tiny good" in page and "wall time" in page and "Failed in cell In [3]" in page
     good = load_index(out)["a_good"]
     assert good["metrics"] == {"total": 5.0, "label": "x"}  # report profile: n=5, in call order
@@ -76,7 +76,7 @@ def test_png_written_next_to_report_or_skipped_with_a_note(rendered):
         png = out / "a_good_figures" / "line.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert card["figures"] == ["line.png"]
-        assert "a_good_figures/line.png" in (out / "index.html").read_text()
+        assert "./a_good_figures/line.png" in (out / "index.html").read_text()
     else:  # render found no browser up front: one note for the run, at the top of the index
         assert any("no Chrome/Chromium" in n for n in card["run_notes"])
         assert "run-note'>Note: PNG export skipped" in (out / "index.html").read_text()
@@ -410,3 +410,27 @@ def test_killed_report_leaves_no_staging(tmp_path):
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+
+
+def test_index_links_are_relative_files_and_names_escaped(tmp_path):
+    """A notebook's name is a file name, not markup or a URL: every link is ./<percent-encoded
+    file>, so javascript:alert(1).ipynb links to that file, and a name with markup is escaped."""
+    import re
+
+    import nbformat
+
+    from lab.report.index import write_index
+
+    names = ["javascript:alert(1)", "<img src=x onerror=alert(2)>", "a'b\"c", "?q=1#frag", "data:text,x"]
+    for n in names:
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_markdown_cell(f"# {n}\n\nA notebook named {n}.")]
+        nbformat.write(nb, str(tmp_path / f"{n}.ipynb"))
+    page = write_index(tmp_path).read_text()
+    links = re.findall(r"(?:href|src)='([^']*)'", page)
+    assert len(links) == 3 * len(names), links      # title, report, executed notebook
+    for link in links:
+        assert link.startswith("./") and ":" not in link and "#" not in link and "?" not in link, link
+    assert "./javascript%3Aalert%281%29.html" in links and "./data%3Atext%2Cx.ipynb" in links
+    assert "<img src=x" not in page and "onerror=alert(2)>" not in page
+    assert "&lt;img src=x onerror=alert(2)&gt;.ipynb" in page     # shown as its name, escaped

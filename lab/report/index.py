@@ -93,6 +93,15 @@ td{font-variant-numeric:tabular-nums}pre{background:#f6f8fa;padding:.5rem;overfl
 """
 
 
+def _href(*parts: str) -> str:
+    """A link to a file beside the index: ``./`` and every path part percent-encoded, so that a
+    notebook named ``javascript:alert(1).ipynb`` (or ``//host/x``, ``?q``, ``#id``) links to its own
+    file and never to a scheme, a host or another page."""
+    from urllib.parse import quote
+
+    return "./" + "/".join(quote(p, safe="") for p in parts)
+
+
 def _card_html(c: dict[str, Any]) -> str:
     e = html.escape
     if c.get("missing"):
@@ -101,7 +110,7 @@ def _card_html(c: dict[str, Any]) -> str:
     badge = "<span class='badge ok'>ok</span>" if c["ok"] else "<span class='badge failed'>failed</span>"
     secs = f"{c['seconds']:.1f} s" if isinstance(c.get("seconds"), (int, float)) else "?"
     parts = [f"<div class='card' id='{e(c['name'])}'>",
-             f"<h2><a href='{e(c['html'])}'>{e(c['title'])}</a></h2>",
+             f"<h2><a href='{_href(c['html'])}'>{e(c['title'])}</a></h2>",
              f"<div class='name'>{e(c['name'])}.ipynb</div>",
              f"<p>{badge}<span class='meta'>wall time {secs} · {e(str(c.get('profile') or '?'))} parameters"
              f" · {e(str(c.get('rendered_at') or ''))}</span></p>"]
@@ -123,13 +132,14 @@ def _card_html(c: dict[str, Any]) -> str:
     for note in list(c["notes"]) + list(c["warnings"]):
         parts.append(f"<p class='meta'>Note: {e(note)}</p>")
     if c["figures"]:
-        folder = f"{e(c['name'])}_figures"
-        figs = "".join(f"<a href='{folder}/{e(f)}'><img alt='{e(f)}' src='{folder}/{e(f)}'></a>" for f in c["figures"])
+        folder = f"{c['name']}_figures"
+        figs = "".join(f"<a href='{_href(folder, f)}'><img alt='{e(f)}' src='{_href(folder, f)}'></a>"
+                       for f in c["figures"])
         parts.append(f"<div class='figs'>{figs}</div>")
     if c["params"]:
         parts.append(f"<p class='meta'>parameters: <code>{e(json.dumps(c['params']))}</code></p>")
-    parts.append(f"<p class='links'><a href='{e(c['html'])}'>report (HTML)</a>"
-                 f"<a href='{e(c['ipynb'])}'>executed notebook</a></p></div>")
+    parts.append(f"<p class='links'><a href='{_href(c['html'])}'>report (HTML)</a>"
+                 f"<a href='{_href(c['ipynb'])}'>executed notebook</a></p></div>")
     return "\n".join(parts)
 
 
