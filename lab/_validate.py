@@ -218,8 +218,8 @@ def env_dir(var: str, *, out: bool = True) -> Path | None:
 # --- devices --------------------------------------------------------------------------------------
 def device(param: str, value: str | None) -> str | None:
     """``cpu``, ``cuda`` or ``cuda:N`` (N < the number of GPUs), ``mps`` where present."""
-    if value is None:
-        return None
+    if value is None or value == "cpu":    # the default: no torch import for it
+        return value
     import torch
 
     try:

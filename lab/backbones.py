@@ -311,9 +311,17 @@ def check_resolution(name: str, resolution: int | None) -> int:
     return res
 
 
+def params(name: str) -> int:
+    """Parameters of the backbone's architecture: the count recorded in its registry info
+    (``params=``; tests/test_backbones.py checks it against :func:`param_count`), else counted."""
+    recorded = _REGISTRY.info(name).get("params")
+    return int(recorded) if recorded is not None else param_count(name)
+
+
 def param_count(name: str) -> int:
     """Parameters of the backbone's architecture (as loaded: no ImageNet head for the ViTs),
-    counted on the meta device: no weights are read or allocated."""
+    counted on the meta device: no weights are read or allocated (but timm and torch are imported
+    and the model is built: seconds; :func:`params` reads the recorded count)."""
     import timm
     import torch
 
@@ -443,7 +451,7 @@ def _build_lite0(src: list, path: Path):
 
 @_REGISTRY.register("efficientnet_lite0", default_resolution=DEFAULT_RESOLUTION, resolution_range=(32, 512, 1),
                     feature_dim=1280, pretrained="ImageNet-1k", untrained=False, available=_lite0_available,
-                    arch=("tf_efficientnet_lite0", {}))
+                    arch=("tf_efficientnet_lite0", {}), params=4_652_008)
 def _efficientnet_lite0(resolution: int, weights: str | None = None) -> Backbone:
     """The weights file is read and checked here (a bad file fails at once); the network is built
     on first use of ``model``."""
@@ -540,7 +548,7 @@ def _vit_b_file(weights: str | None) -> Path:
 
 @_REGISTRY.register(_VIT_B, default_resolution=224, resolution_range=(32, 1024, 16), feature_dim=768,
                     pretrained="ImageNet-21k (augreg)", untrained=False, available=_vit_b_available,
-                    arch=("vit_base_patch16_224", {"num_classes": 0}), preprocess=PREPROCESS)
+                    arch=("vit_base_patch16_224", {"num_classes": 0}), params=85_798_656, preprocess=PREPROCESS)
 def _vit_base_in21k(resolution: int, weights: str | None = None, transform: str = "reference") -> Backbone:
     """Any timm ViT checkpoint file; its tensors define the model (:func:`lab._vit_weights.build`),
     so the hub's ViT-B/16 and a small stand-in take the same path."""
@@ -558,7 +566,7 @@ def _vit_base_in21k(resolution: int, weights: str | None = None, transform: str 
 @_REGISTRY.register("vit_tiny_patch16_224", default_resolution=224, resolution_range=(32, 1024, 16),
                     feature_dim=192, pretrained="none (UNTRAINED, random init seed 0)", untrained=True,
                     available=lambda: (True, "random init (untrained)"), arch=("vit_tiny_patch16_224", {"num_classes": 0}),
-                    preprocess=PREPROCESS)
+                    params=5_524_416, preprocess=PREPROCESS)
 def _vit_tiny_random(resolution: int, weights: str | None = None, transform: str = "reference") -> Backbone:
     import timm
     import torch

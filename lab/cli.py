@@ -17,13 +17,9 @@ import re
 import shlex
 import sys
 
+# each plugin module's register(subparsers) adds its command; registering imports no torch (the
+# parsers' choices come from lab._names), so every command's parser is built on every call
 _PLUGINS = ("lab.experiments.tosca.cli", "lab.experiments.aware.cli", "lab.report", "lab.jupyter")
-# each plugin's command and its one-line help: `lab --help` lists them without importing the plugin
-# (the TOSCA and AWARe parsers fill their choices from registries that import torch, ~3 s)
-_COMMANDS = {"tosca": ("lab.experiments.tosca.cli", "TOSCA and baselines on a class-incremental scenario; prints the summary table"),
-             "aware": ("lab.experiments.aware.cli", "AWARe on the mini-LLaVA: profile saliency, fine-tune, run ablations"),
-             "report": ("lab.report", "render every notebook into offline HTML reports (the main job)"),
-             "jupyter": ("lab.jupyter", "start JupyterLab (or Notebook 7) on 127.0.0.1 with a token and the project's kernel")}
 
 
 class Parser(argparse.ArgumentParser):
@@ -77,9 +73,14 @@ def check_backbone_args(backbone: str, resolution, weights, preprocess=None) -> 
 
 
 def _table(rows: list[dict]) -> str:
-    import pandas as pd
-
-    return pd.DataFrame(rows).to_string(index=False)
+    """Rows as a plain text table, columns right-aligned as pandas' ``to_string(index=False)``
+    (without importing pandas: ~1-2 s on a loaded machine)."""
+    if not rows:
+        return ""
+    cols = list(rows[0])
+    cells = [[str(c) for c in cols]] + [[str(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    return "\n".join(" ".join(v.rjust(w) for v, w in zip(row, widths)).rstrip() for row in cells)
 
 
 def cmd_backbones(args) -> int:
@@ -90,7 +91,7 @@ def cmd_backbones(args) -> int:
         info = B.backbone_info(name)
         ok, where = B.weights_available(name)
         rows.append({"backbone": name + (" (UNTRAINED)" if info["untrained"] else ""), "weights": info["pretrained"],
-                     "params": f"{B.param_count(name):,}", "feature_dim": info["feature_dim"],
+                     "params": f"{B.params(name):,}", "feature_dim": info["feature_dim"],
                      "default_px": info["default_resolution"], "available": "yes" if ok else "no", "where / how": where})
     print(_table(rows))
     return 0
@@ -180,20 +181,12 @@ def check_jupyter(args) -> None:
 _PRECHECK = {"jupyter": check_jupyter}
 
 
-def _requested(argv) -> str | None:
-    """The subcommand ``argv`` asks for (its first word that is not an option), if any."""
-    for a in argv:
-        if not a.startswith("-"):
-            return a
-        if a == "--":
-            return None
-    return None
-
-
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The ``lab`` parser. With ``argv``, only the plugin it asks for is imported (the others get a
-    placeholder with their help line, enough for ``lab --help``); without it, every plugin."""
-    wanted = _requested(argv) if argv is not None else None
+    """The ``lab`` parser with every subcommand. Building it imports no torch (nor numpy): the
+    registries' names for ``choices=`` come from the static tables in :mod:`lab._names`, and each
+    handler imports what it needs. ``argv`` is accepted for compatibility and not used."""
+    from lab._names import DEFAULT_BACKBONE, DEFAULT_DATASET, PREPROCESS
+
     p = Parser(prog="lab", description="continual-lab: TOSCA and AWARe on real pretrained models.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -203,9 +196,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     d = sub.add_parser("datasets", help="list datasets with size, classes, licence and availability")
     d.add_argument("--root", default=None, help="data root (default $LAB_DATA_DIR or ~/data)")
     d.set_defaults(func=cmd_datasets)
-
-    from lab.backbones import DEFAULT_BACKBONE
-    from lab.data.datasets import DEFAULT_DATASET
 
     f = sub.add_parser("features", help="build the feature cache for a backbone and dataset; prints images/s")
     f.add_argument("--backbone", default=DEFAULT_BACKBONE, help=f"backbone name (default {DEFAULT_BACKBONE}; see `lab backbones`)")
@@ -217,7 +207,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     f.add_argument("--cache-dir", default=None, help="cache root (default $LAB_CACHE_DIR or ~/.cache/continual-lab)")
     f.add_argument("--weights", default=None, metavar="FILE",
                    help="backbone weights file (as $LAB_VIT_B16_WEIGHTS; default: the backbone's own source)")
-    f.add_argument("--preprocess", default=None, choices=("reference", "timm"),
+    f.add_argument("--preprocess", default=None, choices=PREPROCESS,
                    help="ViT preprocessing: reference (Resize 256 bicubic + CenterCrop 224, no Normalize: the TOSCA "
                         "reference's; default) or timm (resize to 224, mean/std 0.5)")
     f.add_argument("--device", default="cpu", help="device of the feature pass: cpu, cuda or cuda:N (default cpu; "
@@ -229,15 +219,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                                        "and the package it came from")
     g.set_defaults(func=cmd_plugins)
 
-    # Lazy only for `lab` / `lab --help` (no command): a command builds every plugin's parser, as before
-    # (building only the requested one changed how `lab tosca` ended on Ctrl-C in a cold run: exit -2
-    # instead of 130 in about a quarter of the tries, seen in fresh clones; cause not found yet).
-    lazy = argv is not None and wanted is None
     for mod in _PLUGINS:
-        name = next((c for c, (m, _) in _COMMANDS.items() if m == mod), None)
-        if lazy and name is not None and name != wanted:
-            sub.add_parser(name, help=_COMMANDS[name][1], add_help=False)   # never parsed: its real parser is built on request
-            continue
         try:
             module = importlib.import_module(mod)
         except ModuleNotFoundError as exc:
@@ -297,17 +279,21 @@ EXPECTED = (KeyError, ValueError, OSError, RuntimeError, re.error, ImportError, 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] == ["tosca", "study"]:    # the shipped TOSCA study: its own parser (lab tosca study --help)
-        from lab.experiments.tosca.study import main as study_main
+    try:    # Ctrl-C before a command starts (reading the command line) is one line and 130 as well
+        if argv[:2] == ["tosca", "study"]:    # the shipped TOSCA study: its own parser (lab tosca study --help)
+            from lab.experiments.tosca.study import main as study_main
 
-        return study_main(argv[2:], prog="lab tosca study")
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
+            return study_main(argv[2:], prog="lab tosca study")
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        from lab import runs
+    except KeyboardInterrupt:
+        print(f"lab{' ' + argv[0] if argv and not argv[0].startswith('-') else ''}: interrupted", file=sys.stderr,
+              flush=True)
+        return 130
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    from lab import runs
-
     runs.set_active(None)  # a run folder from an earlier call in this process is not this one's
     try:
         if args.command in _PRECHECK:

@@ -117,3 +117,12 @@ def test_lite0_weights_that_are_not_lite0_fail_at_load(tmp_path):
     torch.save({"w": torch.zeros(3)}, bad)
     with pytest.raises(backbones.WeightsUnavailable, match="holds 1 tensors"):
         backbones.load("efficientnet_lite0", weights=str(bad))
+
+
+@pytest.mark.parametrize("name", backbones.list_backbones())
+def test_recorded_parameter_counts_match_the_architecture(name):
+    """`lab backbones` prints the count recorded in the registry (no model built); it is the count
+    of the architecture as loaded, built on the meta device."""
+    recorded = backbones.backbone_info(name).get("params")
+    assert recorded is not None, f"{name}: record params=<count> in its registry entry (lab/backbones.py)"
+    assert backbones.params(name) == recorded == backbones.param_count(name)

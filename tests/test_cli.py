@@ -75,3 +75,85 @@ def test_lab_help_lists_every_command_without_importing_torch():
     assert out.startswith("NO-TORCH"), out[:200]
     for name in ("backbones", "datasets", "features", "tosca", "aware", "report", "jupyter"):
         assert f"    {name}" in out
+
+
+# --- a CLI that answers at once: no torch for --help and usage errors ------------------------------
+def _subcommands() -> list[list[str]]:
+    """Every subcommand path of `lab` (['tosca'], ['aware', 'finetune'], ...), from the parser itself."""
+    import argparse
+
+    out = []
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    out.append([*path, name])
+                    walk(sub, [*path, name])
+
+    walk(cli.build_parser(), [])
+    return out + [["tosca", "study"]]       # lab tosca study: its own parser, dispatched by lab.cli.main
+
+
+# usage errors that must answer without torch: argparse's own (bad choices, types, unknown flags)
+# and the first checks of each handler
+NO_TORCH_ERRORS = [
+    ["nope"], ["--bogus"], ["backbones", "--bogus"],
+    ["tosca", "--method", "nope"], ["tosca", "--routing", "nope"], ["tosca", "--epochs", "x"],
+    ["tosca", "--epochs", "0"], ["tosca", "--lr", "nan"], ["tosca", "--dataset", "nope"],
+    ["tosca", "--engine", "cuda_graph"], ["tosca", "--seeds", "1", "1"],
+    ["aware", "nope"], ["aware", "finetune", "--method", "nope"], ["aware", "finetune", "--rule", "nope"],
+    ["aware", "finetune", "--size", "huge"], ["aware", "ablate", "--groups", "nope"], ["aware", "study", "--preset", "x"],
+    ["report", "--params", "huge"], ["report", "--timeout", "-1"],
+    ["features", "--splits", "val"], ["features", "--batch-size", "0"], ["jupyter", "--port", "-1"],
+]
+
+
+def test_every_subcommand_help_and_usage_error_imports_no_torch():
+    """`lab <command> --help` for every subcommand, and the usage errors above, in one fresh
+    interpreter: after each, torch (3-5 s to import on a slow machine) is not loaded. Not a timed
+    test: benchmarks/bench_cli.py measures the times."""
+    import json
+
+    cases = [[*path, "--help"] for path in _subcommands()] + NO_TORCH_ERRORS
+    code = ("import contextlib, io, json, sys\nfrom lab import cli\nout = []\n"
+            "for argv in json.loads(sys.argv[1]):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        try:\n            rc = cli.main(argv)\n        except SystemExit as exc:\n            rc = exc.code\n"
+            "    out.append([argv, rc, 'torch' in sys.modules])\n"
+            "    if 'torch' in sys.modules:\n        break\n"
+            "print(json.dumps(out))")
+    p = subprocess.run([sys.executable, "-c", code, json.dumps(cases)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    results = json.loads(p.stdout.strip().splitlines()[-1])
+    torch_at = [argv for argv, _, torch in results if torch]
+    assert not torch_at, f"`lab {' '.join(torch_at[0])}` imported torch"
+    assert len(results) == len(cases)
+    for argv, rc, _ in results:
+        assert rc == (0 if argv[-1] == "--help" else 2), (argv, rc)
+
+
+def test_static_names_match_the_registries():
+    """lab._names (the parsers' choices, read without importing torch) lists exactly what the
+    registries hold, in their order, with the same info."""
+    from lab import _names, backbones, data
+    from lab.aware.masking import rule_names
+    from lab.aware.methods import method_names
+    from lab.experiments.aware.context import SIZES
+    from lab.experiments.aware.tasks import TEMPLATES
+    from lab.experiments.tosca import _base, methods
+    from lab.tosca import luca, routing
+
+    assert list(_names.TOSCA_METHODS) == methods.list_methods()
+    assert all(_names.TOSCA_METHODS.info(n) == methods.METHODS.info(n) for n in methods.list_methods())
+    assert _names.TOSCA_MODES == tuple(_base.MODES)
+    assert _names.TOSCA_FLOWS == tuple(luca.FLOWS)
+    assert tuple(_names.ROUTINGS) == tuple(routing.list_routings())
+    assert _names.DEFAULT_ROUTINGS == tuple(routing.ROUTINGS)
+    assert tuple(_names.AWARE_METHODS) == method_names()
+    assert tuple(_names.AWARE_RULES) == rule_names()
+    assert _names.AWARE_TASKS == tuple(TEMPLATES)
+    assert _names.AWARE_SIZES == tuple(SIZES)
+    assert _names.DEFAULT_BACKBONE == backbones.DEFAULT_BACKBONE
+    assert _names.DEFAULT_DATASET == data.DEFAULT_DATASET
+    assert _names.PREPROCESS == tuple(backbones.PREPROCESS)

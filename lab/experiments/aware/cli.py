@@ -9,8 +9,7 @@ _GROUPS = ("methods", "rule", "rho", "targets", "calibration", "calib_size", "co
 
 
 def register(subparsers) -> None:
-    from lab.aware.masking import rule_names
-    from lab.aware.methods import method_names
+    from lab._names import AWARE_METHODS, AWARE_RULES, AWARE_SIZES, AWARE_TASKS   # static: no torch for --help
 
     p = subparsers.add_parser("aware", help="AWARe on the mini-LLaVA: profile saliency, fine-tune, run ablations",
                               description="AWARe (activation-weighted adaptive retention) on the offline "
@@ -18,7 +17,7 @@ def register(subparsers) -> None:
     sub = p.add_subparsers(dest="aware_command", metavar="ACTION")
 
     def common(q):
-        q.add_argument("--size", default="default", choices=["smoke", "default", "large"],
+        q.add_argument("--size", default="default", choices=AWARE_SIZES,
                        help="data/steps preset (smoke: seconds-scale check; default: ~22 min per seed on 2 idle CPU cores)")
         q.add_argument("--cache-dir", default=None, help="cache root (default $LAB_CACHE_DIR or ~/.cache/continual-lab)")
         q.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -47,11 +46,10 @@ def register(subparsers) -> None:
 
     q = sub.add_parser("finetune", help="fine-tune one method on one downstream task; print upstream retention")
     common(q)
-    q.add_argument("--method", default="aware", choices=method_names())
-    q.add_argument("--task", default="fashion", choices=["fashion", "digits", "even"])
+    q.add_argument("--method", default="aware", choices=AWARE_METHODS)
+    q.add_argument("--task", default="fashion", choices=AWARE_TASKS)
     q.add_argument("--rho", type=float, default=0.3, help="retention ratio in [0, 1] (AWARe)")
-    q.add_argument("--rule", default="activation-global",
-                   choices=rule_names())
+    q.add_argument("--rule", default="activation-global", choices=AWARE_RULES)
     q.add_argument("--targets", default="qkv+projector")
     q.add_argument("--calib", default="upstream", choices=["upstream", "proxy"])
     q.add_argument("--seed", type=int, default=0)
@@ -63,7 +61,7 @@ def register(subparsers) -> None:
     q.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the size preset's)")
     q.add_argument("--groups", nargs="+", default=None, choices=_GROUPS,
                    help="only these groups (full fine-tuning and main AWARe always run: E needs them)")
-    q.add_argument("--task", default="fashion", choices=["fashion", "digits", "even"])
+    q.add_argument("--task", default="fashion", choices=AWARE_TASKS)
     q.add_argument("--run-dir", default=None, help="output folder (default: a new unique runs/aware/... folder)")
     executor_args(q)
     q.set_defaults(func=cmd_ablate)
@@ -72,7 +70,7 @@ def register(subparsers) -> None:
                                    "on validation questions (train-split questions the sweep never tests on). Full "
                                    "fine-tuning: best validation downstream accuracy; the others: best validation H.")
     common(q)
-    q.add_argument("--task", default="fashion", choices=["fashion", "digits", "even"])
+    q.add_argument("--task", default="fashion", choices=AWARE_TASKS)
     q.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds; validation scores are averaged (default 0)")
     q.add_argument("--n-val", type=int, default=100, help="validation questions per set (default 100)")
     q.add_argument("--grid", nargs="+", default=None, metavar="METHOD=LR,LR",

@@ -55,9 +55,8 @@ skipped by --resume).
 def register(subparsers) -> None:
     import argparse
 
-    from lab.tosca.routing import list_routings
-
-    from .methods import list_methods
+    from lab import executors
+    from lab._names import DEFAULT_ROUTINGS, PREPROCESS, ROUTINGS, TOSCA_FLOWS, TOSCA_METHODS, TOSCA_MODES
 
     p = subparsers.add_parser(
         "tosca", help="TOSCA and baselines on a class-incremental scenario; prints the summary table",
@@ -72,7 +71,7 @@ def register(subparsers) -> None:
     p.add_argument("--resolution", type=int, default=None, help="input resolution in px (default: the backbone's)")
     p.add_argument("--weights", default=None, metavar="FILE",
                    help="backbone weights file (as $LAB_VIT_B16_WEIGHTS; default: the backbone's own source)")
-    p.add_argument("--preprocess", default=None, choices=("reference", "timm"),
+    p.add_argument("--preprocess", default=None, choices=PREPROCESS,
                    help="ViT preprocessing: reference (Resize 256 bicubic + CenterCrop 224, no Normalize; default) "
                         "or timm (resize to 224, mean/std 0.5); see lab/backbones.py")
     p.add_argument("--init", type=int, default=0, help="classes in the first task; 0 = same as --inc (default 0)")
@@ -82,11 +81,11 @@ def register(subparsers) -> None:
     seeds.add_argument("--seeds", type=int, nargs="+", default=None, metavar="S",
                        help="several seeds: a sweep, one run per seed (and per --l1 value), summarised with "
                             "95 %% intervals over seeds")
-    p.add_argument("--method", default="tosca", choices=list_methods(), help="method (default tosca)")
-    p.add_argument("--routing", default="per-sample", choices=list_routings(), help="headline routing (default per-sample)")
-    p.add_argument("--routings", nargs="+", default=["per-sample", "per-batch", "oracle"], choices=list_routings(),
+    p.add_argument("--method", default="tosca", choices=TOSCA_METHODS, help="method (default tosca)")
+    p.add_argument("--routing", default="per-sample", choices=ROUTINGS, help="headline routing (default per-sample)")
+    p.add_argument("--routings", nargs="+", default=list(DEFAULT_ROUTINGS), choices=ROUTINGS,
                    metavar="R", help="routings TOSCA is evaluated under (default per-sample per-batch oracle)")
-    p.add_argument("--mode", default="cached", choices=("cached", "augment"), help="training mode (default cached)")
+    p.add_argument("--mode", default="cached", choices=TOSCA_MODES, help="training mode (default cached)")
     p.add_argument("--epochs", type=int, default=20, help="epochs per task (default 20, the reference)")
     p.add_argument("--batch-size", type=int, default=48, help="training batch (default 48)")
     p.add_argument("--lr", type=float, default=0.025, help="SGD learning rate, cosine to 1e-8 (default 0.025)")
@@ -96,7 +95,7 @@ def register(subparsers) -> None:
     p.add_argument("--l1", type=float, nargs="+", default=[5e-4], metavar="L1",
                    help="L1 coefficient on the LuCA parameters (default 5e-4); several values: a sweep over them")
     p.add_argument("--ratio", type=int, default=16, help="LuCA bottleneck r = d // ratio (default 16)")
-    p.add_argument("--flow", default="tosca", choices=("tosca", "adapter", "calibrator", "tosca_r"),
+    p.add_argument("--flow", default="tosca", choices=TOSCA_FLOWS,
                    help="LuCA flow (default tosca; the others are the reference's ablations)")
     p.add_argument("--per-batch-size", type=int, default=48, help="test batch of the per-batch protocol (default 48)")
     p.add_argument("--device", default="cpu", help="device of the feature pass and the TOSCA modules (default cpu; "
@@ -118,8 +117,6 @@ def register(subparsers) -> None:
     p.add_argument("--runs-dir", default=None, help="runs root (default $LAB_RUNS_DIR or ./runs)")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue an interrupted run (or sweep: its finished variants are skipped) in DIR")
-    from lab import executors
-
     executors.add_arguments(p, "SWEEP_DIR/variants/ and skipped by --resume SWEEP_DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     track_given(p)
@@ -211,8 +208,6 @@ def check_args(args) -> None:
     from lab import backbones, data, executors, runs
     from lab.cli import check_backbone_args
 
-    from . import sweep
-
     check_backbone_args(args.backbone, args.resolution, args.weights, args.preprocess)
     for d in args.dataset:
         data.dataset_info(d)
@@ -224,7 +219,7 @@ def check_args(args) -> None:
         raise V.BadInput(f"--seeds {' '.join(map(str, args.seeds))}: lists a seed twice")
     V.count("--epochs", args.epochs, maximum=EPOCHS_MAX)
     V.count("--batch-size", args.batch_size, maximum=BATCH_MAX)
-    from .methods import METHODS
+    from lab._names import TOSCA_METHODS as METHODS   # the registry's info, static (no torch for a usage error)
 
     if METHODS.info(args.method)["trains"]:
         V.learning_rate("--lr", args.lr)
@@ -262,6 +257,8 @@ def check_args(args) -> None:
     if args.engine == "cuda_graph" and not str(args.device).startswith("cuda"):
         raise V.bad("--engine", args.engine, "needs --device cuda")
     if args.resume is not None:
+        from . import sweep    # imports torch (through .run): only here
+
         folder = V.in_dir("--resume", args.resume)
         if not ((folder / "config.json").is_file() or (folder / sweep.MANIFEST).is_file()):
             raise V.bad("--resume", args.resume, f"is not a tosca run or sweep folder (no config.json, "
@@ -330,19 +327,19 @@ def check_resume(args, folder) -> None:
 
 def is_sweep(args) -> bool:
     """Several seeds or L1 values, Ray, or resuming a sweep folder: run as a sweep (lab.experiments.tosca.sweep)."""
-    from pathlib import Path
-
-    from .sweep import MANIFEST
-
     if args.resume is not None:
+        from pathlib import Path
+
+        from .sweep import MANIFEST
+
         return (Path(args.resume) / MANIFEST).is_file()
     return bool(args.seeds) or len(args.l1) > 1 or args.executor == "ray"
 
 
 def cmd_tosca(args) -> int:
+    check_args(args)                # before torch is imported: a usage error answers at once
     from .run import run
 
-    check_args(args)
     if is_sweep(args):
         return cmd_sweep(args)
     # a resumed run continues with its stored config (the options typed agree with it: check_resume)

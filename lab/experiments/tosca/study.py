@@ -36,8 +36,10 @@ import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .run import RunConfig
+if TYPE_CHECKING:      # imported where used: .run imports torch, and `lab tosca study --help` needs none
+    from .run import RunConfig
 
 SCENARIOS = ("fashion_mnist_mini", "mnist_5k+fashion_mnist_mini")
 BASELINES = ("simplecil", "ncm", "fecam", "ranpac")
@@ -228,7 +230,7 @@ def check_arguments(args) -> None:
     from lab import _validate as V
     from lab import executors
     from lab.data import datasets
-    from lab.experiments.tosca.methods import list_methods
+    from lab._names import TOSCA_METHODS     # static: a bad name answers without torch
 
     V.count("--epochs", args.epochs, maximum=100_000)
     V.count("--inc", args.inc, maximum=100_000)
@@ -245,7 +247,7 @@ def check_arguments(args) -> None:
         for part in scn.split("+"):
             if valid is not None and part not in valid:
                 raise V.bad("--scenarios", scn, f"unknown dataset {part!r}; valid: {', '.join(sorted(valid))}")
-    methods = set(list_methods())
+    methods = set(TOSCA_METHODS.names())
     for b in args.baselines:
         if b not in methods or b == "tosca":
             raise V.bad("--baselines", b, f"not a baseline; valid: {', '.join(sorted(methods - {'tosca'}))}")
@@ -262,6 +264,8 @@ def _main(args, argv, prog) -> int:
         from lab import runs
 
         args.out = str(runs.new_run_dir("tosca", "study"))
+    from .run import RunConfig
+
     base = RunConfig(epochs=args.epochs, inc=args.inc, resolution=args.resolution)
     old = Path(args.out) / "manifest.json"
     if old.exists() and not args.replace:

@@ -1,0 +1,42 @@
+"""Static copies of the registries' names, for the command line.
+
+``lab <command> --help`` and every usage error answer without importing torch (~3-5 s on a slow
+machine): the parsers' ``choices=`` come from these tables, not from the registries (which import
+torch to define their entries). A registry's table is a :class:`lab.plugins.Names`: the built-in
+names, which also accepts a name an installed plugin adds (looked up in the registry only then).
+``tests/test_cli.py::test_static_names_match_the_registries`` compares every table with the real
+registry, so a built-in method, router or rule added to a registry without a line here fails the
+tests (add it here, in the registry's order).
+"""
+from __future__ import annotations
+
+from lab.plugins import Names
+
+# lab.experiments.tosca.methods.list_methods(), with each entry's registry info
+# (routed, needs_backbone, trains): what `lab tosca` checks before anything is imported
+_TOSCA_INFO = {
+    "tosca": {"routed": True, "needs_backbone": False, "trains": True},
+    "simplecil": {"routed": False, "needs_backbone": False, "trains": False},
+    "ncm": {"routed": False, "needs_backbone": False, "trains": False},
+    "fecam": {"routed": False, "needs_backbone": False, "trains": False},
+    "ranpac": {"routed": False, "needs_backbone": False, "trains": False},
+    "finetune": {"routed": False, "needs_backbone": False, "trains": True},
+    "joint": {"routed": False, "needs_backbone": False, "trains": True},
+    "layerwise_adapter": {"routed": False, "needs_backbone": True, "trains": True},
+}
+TOSCA_METHODS = Names("tosca method", _TOSCA_INFO, _TOSCA_INFO)
+TOSCA_MODES = ("cached", "augment")                               # lab.experiments.tosca._base.MODES
+TOSCA_FLOWS = ("tosca", "adapter", "calibrator", "tosca_r")       # lab.tosca.luca.FLOWS
+# lab.tosca.routing.list_routings()
+ROUTINGS = Names("router", ("per-sample", "per-batch", "oracle", "max-softmax", "energy", "ncm", "mahalanobis",
+                           "entropy-ncm", "ridge"))
+DEFAULT_ROUTINGS = ("per-sample", "per-batch", "oracle")         # lab.tosca.routing.ROUTINGS
+
+AWARE_METHODS = Names("aware method", ("zero-shot", "full", "lora", "dora", "aware"))   # lab.aware.methods.method_names()
+AWARE_RULES = Names("aware rule", ("activation-global", "activation-balanced", "weight-norm", "random"))   # .masking.rule_names()
+AWARE_TASKS = ("fashion", "digits", "even")                      # lab.experiments.aware.tasks.TEMPLATES
+AWARE_SIZES = ("smoke", "default", "large")                      # lab.experiments.aware.context.SIZES
+
+DEFAULT_BACKBONE = "efficientnet_lite0"                          # lab.backbones.DEFAULT_BACKBONE
+DEFAULT_DATASET = "fashion_mnist_mini"                           # lab.data.DEFAULT_DATASET
+PREPROCESS = ("reference", "timm")                               # lab.backbones.PREPROCESS
