@@ -246,6 +246,9 @@ class Backbone:
         import torch
         from tqdm.auto import tqdm
 
+        from lab._alloc import tune_allocator
+
+        tune_allocator()   # the batch's activations reuse heap pages instead of fresh mmaps (lab/_alloc.py)
         outs = []
         with torch.inference_mode(), self.autocast(precision):
             for i in tqdm(range(0, len(images), batch_size), disable=not progress,

@@ -199,6 +199,9 @@ def _compute(bb, images: np.ndarray, layers: list, batch_size: int, progress: bo
     from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
+    from lab._alloc import tune_allocator
+
+    tune_allocator()   # the batch's activations reuse heap pages instead of fresh mmaps (lab/_alloc.py)
     cuda = bb.device.type == "cuda"
     loader = DataLoader(_Batches(images, batch_size), batch_size=None, shuffle=False, num_workers=workers,
                         pin_memory=cuda, persistent_workers=False)

@@ -77,3 +77,35 @@ def test_scenario_features_follow_scenario_order(tiny):
     scn = data.scenario(["fashion_mnist_mini"], init=0, inc=5)
     out = features.scenario_features(scn, tiny, progress=False)
     assert out["test_x"].shape == (1000, 192) and torch.equal(out["test_y"], torch.from_numpy(scn.test_labels))
+
+
+def test_the_allocator_settings_leave_the_features_bit_identical(tmp_path):
+    """lab._alloc.tune_allocator (on by default in the feature pass) changes where glibc puts the
+    batch's buffers, never the numbers: the same images embedded with glibc's defaults
+    (LAB_MALLOC=default) and with the tuned settings give identical bytes."""
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    code = ("import sys, numpy as np; from lab import _alloc, backbones; from lab.data.datasets import load_dataset;"
+            "bb = backbones.load(); x = load_dataset('fashion_mnist_mini').train.images[:24];"
+            "f = bb.embed(x, batch_size=8, progress=False); print(_alloc._done); np.save(sys.argv[1], f.numpy())")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = {}
+    for mode in ("default", "tuned"):
+        r = subprocess.run([sys.executable, "-c", code, str(tmp_path / f"{mode}.npy")], env={**env, "LAB_MALLOC": mode},
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        done[mode] = r.stdout.strip().splitlines()[-1]
+    assert done == {"default": "False", "tuned": "True"}
+    assert np.array_equal(np.load(tmp_path / "default.npy"), np.load(tmp_path / "tuned.npy"))
+
+
+def test_the_allocator_leaves_a_users_own_malloc_settings_alone(monkeypatch):
+    import lab._alloc as A
+
+    monkeypatch.setattr(A, "_done", False)
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    assert A.tune_allocator() is False

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lab._alloc import tune_allocator
+
 from .head import CosineHead, check_scale_param, class_means
 from ._optim import add_l1_grad, cosine_lr, sgd_step  # noqa: F401  (re-exported)
 from .luca import LuCA, check_flow
@@ -148,6 +150,7 @@ class Tosca(nn.Module):
         x, y = x.to(dev, torch.float32), y.to(dev)
         cached = batch_features is None  # augment mode keeps torch's threads for the backbone
         batch_features = batch_features or (lambda idx: x[idx])
+        tune_allocator()  # each step's ~0.4 MB gradients reuse heap pages, not fresh mmaps (lab/_alloc.py)
         with cpu_threads(cfg.threads if dev == "cpu" and cached else 0):
             return self._learn_task(t, classes, x, y, batch_features, on_epoch)
 
