@@ -11,7 +11,7 @@ import nbformat
 import pytest
 
 from _report_helpers import NOTEBOOKS, smoke_report
-from lab.report import params
+from lab.report import labels, params
 
 if not NOTEBOOKS:
     pytest.skip("no notebooks in notebooks/ yet", allow_module_level=True)
@@ -44,6 +44,8 @@ def test_runs_with_smoke_parameters_and_records_finite_metrics(path, tmp_path_fa
     numbers = {k: v for k, v in metrics.items() if not isinstance(v, str)}
     assert numbers, f"{path.name}: recorded only strings {metrics}"
     assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers.values()), numbers
+    unlabelled = labels.unlabelled(metrics)     # the index would show these keys as they are
+    assert not unlabelled, f"{path.name}: add a label and unit to lab/report/labels.py for {unlabelled}"
     if card["seconds"] > SMOKE_BUDGET_S:
         warnings.warn(f"{path.name}: smoke run took {card['seconds']:.0f} s (budget {SMOKE_BUDGET_S} s)",
                       stacklevel=1)

@@ -412,6 +412,120 @@ def test_killed_report_leaves_no_staging(tmp_path):
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
 
 
+# --- readable index cards: labels and units, whole-sentence summaries, no progress bars ------------
+
+def _recorded_keys(source: str) -> set[str]:
+    """The metric keys a cell's ``record(...)`` calls name: keywords, literal dict keys (also after
+    ``**``) and ``{f"prefix_{k}": ... for k, v in D.items()}`` over a dict literal ``D`` of the cell."""
+    import ast
+
+    tree = ast.parse("\n".join(ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))))
+    dicts = {t.id: node.value for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+             for t in node.targets if isinstance(t, ast.Name)}
+
+    def literal_keys(d):
+        return {k.value for k in d.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+
+    keys = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "record"):
+            continue
+        keys |= {kw.arg for kw in node.keywords if kw.arg}
+        for value in [*node.args, *(kw.value for kw in node.keywords if kw.arg is None)]:
+            if isinstance(value, ast.Dict):
+                keys |= literal_keys(value)
+            elif isinstance(value, ast.DictComp) and isinstance(value.key, ast.JoinedStr):
+                prefix = "".join(p.value for p in value.key.values if isinstance(p, ast.Constant))
+                it = value.generators[0].iter
+                name = getattr(getattr(getattr(it, "func", None), "value", None), "id", None)
+                keys |= {prefix + k for k in literal_keys(dicts[name])} if name in dicts else set()
+    return keys
+
+
+def test_every_key_the_notebooks_record_has_a_label_and_unit():
+    """The index shows a reader's label for each headline number, not the key it was recorded as
+    (the smoke renders in test_notebooks check every key a notebook actually records)."""
+    from _report_helpers import NOTEBOOKS
+    from lab.report import labels
+
+    found = {}
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code" and "record(" in cell.source:
+                found.update({k: path.name for k in _recorded_keys(cell.source)})
+    assert "live_tosca_per_batch_last_acc" in found and "q_half_mass_neurons_pct" in found   # the parser works
+    missing = {k: nb for k, nb in found.items() if k in labels.unlabelled([k])}
+    assert not missing, f"keys without a line in lab/report/labels.py LABELS: {missing}"
+    for key, (label, unit) in labels.LABELS.items():
+        assert label and "_" not in label.replace("A_B", ""), (key, label)
+
+
+def test_a_card_shows_label_value_and_unit_with_the_key_as_tooltip():
+    row = index.metrics_rows({"live_tosca_per_batch_last_acc": "76.1 [73.4, 78.6]", "AWARe: H": "12.5 [1.0, 20.0]",
+                              "some_new_key": 3})
+    assert "<th title='live_tosca_per_batch_last_acc'>TOSCA A_B, per-batch routing" in row
+    assert "76.1 [73.4, 78.6]</td><td class='unit'>% correct [95 % Wilson interval" in row
+    assert "<th title='AWARe: H'>AWARe: H</th>" in row                  # words: their own label
+    assert ">some new key</th>" in row and ">live_tosca" not in row      # never a raw key as the label
+
+
+@pytest.mark.parametrize("text,limit,expected", [
+    ("One. Two is here. Three.", 12, "One."),
+    ("One. Two is here. Three.", 100, "One. Two is here. Three."),
+    ('He said "stop." Then went on, e.g. to Rome. Last.', 20, 'He said "stop."'),
+    ("A first sentence that is longer than the limit, alone.", 10, "A first sentence that is longer than the limit, alone."),
+])
+def test_summary_sentences_never_stop_mid_sentence(text, limit, expected):
+    assert index._sentences(text, limit) == expected
+
+
+def test_summaries_of_the_notebooks_end_on_a_sentence():
+    import re
+
+    from _report_helpers import NOTEBOOKS
+
+    for path in NOTEBOOKS:
+        _, summary = index._title_and_summary(nbformat.read(path, as_version=4), path.stem)
+        assert summary and re.search(r"[.!?][\"')\]]*$", summary), (path.name, summary)
+        assert "**" not in summary and "$" not in summary, summary
+
+
+def test_summary_prefers_the_question_and_skips_lists_and_labels():
+    md = ("# T\n\n**What you will learn.**\n1. A list item.\n2. Another.\n\n**The question.** Does it work? "
+          "It should.\n\nMore prose.")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(md)])
+    assert index._title_and_summary(nb, "x") == ("T", "Does it work? It should.")
+    nb.cells[0].source = "# T\n\n**Note.** First prose [with a link](http://x) and `code`. Second one.\n"
+    assert index._title_and_summary(nb, "x")[1] == "First prose with a link and code. Second one."
+
+
+def test_progress_bars_are_off_in_a_report_kernel_even_when_asked_for():
+    """lab report's kernels get $TQDM_DISABLE; setup_notebook() then turns off every tqdm.auto bar,
+    also those created with disable=False (tqdm's variable alone only changes the default)."""
+    code = ("from lab.report import notebook\nassert notebook.quiet_progress_bars()\n"
+            "from tqdm.auto import tqdm\nbar = tqdm(range(3), disable=False)\nassert bar.disable\n"
+            "assert notebook.quiet_progress_bars()   # twice: no second wrapper\n"
+            "import tqdm.auto as a\nassert a.tqdm.__mro__[1].__name__ != 'QuietTqdm'\nprint('ok')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TQDM_DISABLE": "1"})
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+    p = subprocess.run([sys.executable, "-c", "from lab.report import notebook; print(notebook.quiet_progress_bars())"],
+                       capture_output=True, text=True, timeout=120, env={k: v for k, v in os.environ.items()
+                                                                         if k != "TQDM_DISABLE"})
+    assert p.stdout.strip() == "False", p.stderr      # outside lab report: bars as asked
+
+
+def test_report_kernels_encrypt_their_transport():
+    """The kernels lab report starts use CurveZMQ where the kernelspec declares it (no 'Kernel is
+    running over TCP without encryption' warning on the terminal)."""
+    from jupyter_client import AsyncKernelManager
+
+    km = pipeline.kernel_manager_class()
+    if km is AsyncKernelManager:
+        pytest.skip("jupyter_client or pyzmq here cannot encrypt the kernel transport")
+    assert issubclass(km, AsyncKernelManager) and km().transport_encryption == "auto"
+
+
 def test_index_links_are_relative_files_and_names_escaped(tmp_path):
     """A notebook's name is a file name, not markup or a URL: every link is ./<percent-encoded
     file>, so javascript:alert(1).ipynb links to that file, and a name with markup is escaped."""

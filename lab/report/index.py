@@ -35,18 +35,62 @@ _PAPERMILL_TAGS = {"papermill-error-cell-tag", "injected-parameters"}
 _TAG_RE = re.compile(r"<[^>]+>")
 
 
+SUMMARY_CHARS = 300    # a summary grows sentence by sentence up to this length (one sentence at least)
+_LABEL_RE = re.compile(r"^\*\*([^*]+?)\*\*\s*")          # a paragraph's bold lead-in, "**The question.**"
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+(?=[A-Z0-9\"'(])")   # ". Next", '." Next'
+
+
+def _plain(text: str) -> str:
+    """Markdown to plain text for a summary: links to their text, emphasis, code and math marks dropped."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    return " ".join(re.sub(r"[*_`$\\]", "", text).split())
+
+
+def _sentences(text: str, limit: int = SUMMARY_CHARS) -> str:
+    """Whole sentences from the start of ``text``, as many as fit in ``limit`` characters (the
+    first one always, however long): a summary never stops mid-sentence."""
+    parts = [p for p in _SENTENCE_END.split(text) if p]
+    out = parts[0] if parts else ""
+    for p in parts[1:]:
+        if len(out) + 1 + len(p) > limit:
+            break
+        out += " " + p
+    return out
+
+
+def _summary(lines: list[str]) -> str:
+    """The notebook's question (its ``**The question.**`` paragraph) or else its first paragraph
+    of prose (not a list, not a heading), in whole sentences."""
+    paragraphs, cur = [], []
+    for ln in lines + [""]:
+        if ln.strip() and not ln.lstrip().startswith("#"):
+            cur.append(ln.strip())
+        elif cur:
+            paragraphs.append(cur)
+            cur = []
+    prose = []
+    for para in paragraphs:
+        if re.match(r"^([-*+]|\d+\.)\s", para[0]):
+            continue    # a list
+        text = " ".join(para)
+        m = _LABEL_RE.match(text)
+        label = m.group(1).strip().rstrip(".:").lower() if m else None
+        body = _plain(text[m.end():] if m else text)
+        if body:
+            prose.append((label, body))
+    chosen = next((b for lab, b in prose if lab == "the question"), None) or next(
+        (b for lab, b in prose if lab is None), None) or (prose[0][1] if prose else "")
+    return _sentences(chosen)
+
+
 def _title_and_summary(nb, fallback: str) -> tuple[str, str]:
-    """The first markdown cell's ``# `` heading and the start of its text (papermill's cells skipped)."""
+    """The first markdown cell's ``# `` heading and its summary (:func:`_summary`; papermill's cells skipped)."""
     for cell in nb.cells:
         if cell.cell_type != "markdown" or _PAPERMILL_TAGS & set(cell.get("metadata", {}).get("tags", [])):
             continue
         lines = _TAG_RE.sub("", cell.source).splitlines()
         title = next((ln.lstrip("#").strip() for ln in lines if ln.startswith("# ")), None)
-        body = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-        summary = re.sub(r"[*_`$\\]", "", " ".join(body[:3])).strip()
-        if len(summary) > 280:
-            summary = summary[:277].rsplit(" ", 1)[0] + "…"
-        return title or fallback, summary
+        return title or fallback, _summary(lines)
     return fallback, ""
 
 
@@ -86,11 +130,24 @@ padding:0 1rem;color:#1f2328;background:#f6f8fa}h1{margin-bottom:.2rem}.sub{colo
 .badge{display:inline-block;border-radius:1rem;padding:0 .6rem;font-size:.8rem;font-weight:600;margin-right:.4rem}
 .ok{background:#dafbe1;color:#116329}.failed{background:#ffebe9;color:#a40e26}.missing{background:#eaeef2;color:#57606a}
 table{border-collapse:collapse;margin:.6rem 0}td,th{padding:.15rem .8rem .15rem 0;text-align:left}
-td{font-variant-numeric:tabular-nums}pre{background:#f6f8fa;padding:.5rem;overflow:auto;font-size:.8rem}
+td{font-variant-numeric:tabular-nums}td.unit{color:#57606a;font-size:.8rem}th{font-weight:500}pre{background:#f6f8fa;padding:.5rem;overflow:auto;font-size:.8rem}
 .err{color:#a40e26;font-weight:600}.figs img{max-width:48%;border:1px solid #d0d7de;margin:.2rem .2rem 0 0}
 .links a{margin-right:.8rem}.meta{color:#57606a;font-size:.85rem}
 .run-note{background:#fff8c5;border:1px solid #d4a72c;border-radius:6px;padding:.5rem .8rem}
 """
+
+
+def metrics_rows(metrics: dict[str, Any]) -> str:
+    """Table rows of headline numbers: the label, the value, its unit (:mod:`lab.report.labels`);
+    the recorded key is the label's tooltip."""
+    from lab.report.labels import label
+
+    e, rows = html.escape, []
+    for k, v in metrics.items():
+        name, unit = label(k)
+        rows.append(f"<tr><th title='{e(k)}'>{e(name)}</th><td>{e(_format(v))}</td>"
+                    f"<td class='unit'>{e(unit)}</td></tr>")
+    return "".join(rows)
 
 
 def _href(*parts: str) -> str:
@@ -120,8 +177,7 @@ def _card_html(c: dict[str, Any]) -> str:
         if isinstance(v, str) and v.startswith(("CHANGED", "DISAGREES")):
             parts.append(f"<p class='err'>⚠ {e(k)}: {e(v)}</p>")
     if c["metrics"]:
-        rows = "".join(f"<tr><th>{e(k)}</th><td>{e(_format(v))}</td></tr>" for k, v in c["metrics"].items())
-        parts.append(f"<table class='metrics'>{rows}</table>")
+        parts.append(f"<table class='metrics'>{metrics_rows(c['metrics'])}</table>")
     elif c["ok"]:
         parts.append("<p class='meta'>No headline numbers recorded.</p>")
     if not c["ok"]:

@@ -46,7 +46,8 @@ def setup_notebook() -> None:
 
     Sets the default renderer to ``plotly_mimetype`` (JupyterLab's own renderer) plus a copy of
     plotly's ``notebook`` renderer that does not ask a CDN for MathJax, and emits plotly.js into
-    this cell's output now, once, so every later figure in the exported HTML finds it.
+    this cell's output now, once, so every later figure in the exported HTML finds it. Under
+    ``lab report``, progress bars are off in the kernel (:func:`quiet_progress_bars`).
     """
     import plotly.io as pio
     from plotly.io._base_renderers import NotebookRenderer
@@ -61,6 +62,39 @@ def setup_notebook() -> None:
     pio.renderers["lab_offline"] = _OfflineNotebookRenderer()
     pio.renderers.default = RENDERER
     pio.renderers._activate_pending_renderers()  # inline plotly.js here, not in a widget's output
+    quiet_progress_bars()
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def quiet_progress_bars() -> bool:
+    """Where ``$TQDM_DISABLE`` is set (``lab report`` sets it for its kernels), no tqdm progress bar
+    in this process, even one a call asks for (``tqdm(..., disable=False)``: tqdm's own variable
+    only changes the default): a report page shows results, not the bars' last state. The
+    terminal still shows progress: ``lab report`` prints each section and every slow cell.
+    Patches ``tqdm.auto.tqdm``, what the lab imports (at call time); returns whether it did."""
+    if not _env_true("TQDM_DISABLE"):
+        return False
+    try:
+        import tqdm.auto
+        import tqdm.autonotebook
+    except ImportError:
+        return False
+    base = tqdm.auto.tqdm
+    if getattr(base, "_lab_quiet", False):
+        return True
+
+    class QuietTqdm(base):
+        _lab_quiet = True
+
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    tqdm.auto.tqdm = tqdm.autonotebook.tqdm = QuietTqdm
+    return True
 
 
 _MATHJAX_TAG = re.compile(r'<script src="https?://[^"]*mathjax[^"]*"></script>', re.IGNORECASE)
@@ -118,6 +152,8 @@ def record(metrics: Mapping[str, Any] | None = None, /, **more: Any) -> None:
 
     Call it in the notebook's last cell, e.g. ``record(avg_accuracy=0.83, seconds=t)``; several
     calls are merged, a later value wins. Raises on NaN/inf so a broken metric fails the run.
+    The index shows each key's label and unit from :mod:`lab.report.labels` (add a line there for a
+    new key; a key written as words, e.g. ``"AWARe: H"``, is its own label).
     """
     data = {**(metrics or {}), **more}
     if not data:
@@ -127,8 +163,11 @@ def record(metrics: Mapping[str, Any] | None = None, /, **more: Any) -> None:
         if not isinstance(key, str) or not key:
             raise TypeError(f"record(): metric names must be non-empty strings, got {key!r}")
         clean[key] = _coerce(key, value)
-    rows = "".join(
-        f"<tr><th style='text-align:left'>{html.escape(k)}</th><td>{html.escape(_format(v))}</td></tr>"
+    from lab.report.labels import label
+
+    rows = "".join(  # the reader's label and unit (lab.report.labels); the key as the label's tooltip
+        f"<tr><th style='text-align:left' title='{html.escape(k)}'>{html.escape(label(k)[0])}</th>"
+        f"<td>{html.escape(_format(v))}</td><td style='color:#57606a'>{html.escape(label(k)[1])}</td></tr>"
         for k, v in clean.items()
     )
     bundle = {

@@ -175,6 +175,31 @@ class Progress:
 _TAG = re.compile(r"<[^>]+>")
 
 
+def kernel_manager_class():
+    """jupyter_client's AsyncKernelManager with CurveZMQ transport encryption where the kernel
+    declares it (``supported_encryption: ["curve"]`` in its kernelspec, as ipykernel >= 7 writes;
+    jupyter_client >= 8.10 provisions the keys): the kernel's sockets on 127.0.0.1 are encrypted,
+    and it no longer prints "Kernel is running over TCP without encryption" into every `lab
+    report`. Where that is unavailable (older jupyter_client, pyzmq without CurveZMQ, a kernelspec
+    without it), the plain manager (and that one warning line from the kernel)."""
+    from jupyter_client import AsyncKernelManager
+
+    if "transport_encryption" not in AsyncKernelManager.class_trait_names():
+        return AsyncKernelManager
+    import zmq
+
+    if not zmq.has("curve"):
+        return AsyncKernelManager
+    from traitlets import default
+
+    class EncryptedKernelManager(AsyncKernelManager):
+        @default("transport_encryption")
+        def _transport_encryption_default(self):
+            return "auto"     # curve where the kernelspec declares it, else as before
+
+    return EncryptedKernelManager
+
+
 def _register_engine() -> None:
     """papermill's nbclient engine, reporting each cell to a :class:`Progress` (``progress=``)."""
     from papermill.engines import NBClientEngine, papermill_engines
@@ -196,6 +221,7 @@ def _register_engine() -> None:
                     return complete(cell, cell_index, **kw)
 
                 nb_man.cell_start, nb_man.cell_complete = cell_start, cell_complete
+            kwargs.setdefault("kernel_manager_class", kernel_manager_class())
             return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
 
     papermill_engines.register(ENGINE, _Engine)

@@ -1,0 +1,102 @@
+"""What each headline number of the report index means: a label a reader understands and its unit.
+
+Notebooks record their numbers under short keys (``report.record(live_tosca_per_batch_last_acc=...)``);
+the index card and the notebook's own table show ``label`` and ``unit`` instead, the key itself only
+as a tooltip. A key that already reads as words (``"AWARe: downstream (accuracy)"``, with a space
+or capital letters) is its own label. A new snake_case key needs a line here:
+``tests/test_report.py`` checks every key the notebooks' ``record()`` calls name, and the smoke
+renders every key a notebook records.
+"""
+from __future__ import annotations
+
+import re
+
+# units, as shown after a value
+_WILSON_FRAC = "fraction correct [95 % Wilson interval over the test images]"
+_WILSON_PCT = "% correct [95 % Wilson interval over the test images]"
+_SEEDS_PCT = "% correct, mean ± 95 % t-interval over seeds"
+_UNIT_01 = "0 to 1 (1 = unchanged)"
+
+LABELS: dict[str, tuple[str, str]] = {
+    # 00_quickstart
+    "prototype_accuracy": ("Nearest-prototype accuracy on the frozen features (the SimpleCIL floor)", _WILSON_FRAC),
+    "train_images": ("Training images", "images"),
+    "extract_seconds": ("Feature extraction, train and test splits", "s"),
+    "cache_hit_seconds": ("The same features again, from the cache", "s"),
+    # 01_ventral_vs_prefrontal
+    "best_probe_stage": ("Most linearly decodable backbone stage", "stage"),
+    "best_probe_accuracy": ("Linear-probe accuracy at that stage", _WILSON_FRAC),
+    "head_probe_accuracy": ("Linear-probe accuracy at the head (decision point)", _WILSON_FRAC),
+    "stem_probe_accuracy": ("Linear-probe accuracy at the stem", _WILSON_FRAC),
+    "photometric_invariance_head": ("Photometric invariance at the head", "index, 1 = as close as the image itself, "
+                                                                          "0 = no closer than another image"),
+    "photometric_invariance_stem": ("Photometric invariance at the stem", "index, 1 = as close as the image itself, "
+                                                                          "0 = no closer than another image"),
+    "ft_task_accuracy": ("New-task accuracy, full fine-tuning", _WILSON_FRAC),
+    "tosca_task_accuracy": ("New-task accuracy, TOSCA", _WILSON_FRAC),
+    "ft_cka_head": ("Head features before vs after full fine-tuning (linear CKA)", _UNIT_01),
+    "tosca_min_stage_cka": ("Least similar backbone stage before vs after TOSCA (linear CKA)", _UNIT_01),
+    "tosca_backbone_bit_identical": ("Backbone bit-identical after TOSCA", "1 = yes, 0 = no"),
+    "other_classes_accuracy_frozen": ("Other classes, prototype accuracy, frozen backbone", _WILSON_FRAC),
+    "other_classes_accuracy_ft": ("Other classes, prototype accuracy, after full fine-tuning", _WILSON_FRAC),
+    "imagenet_agreement_ft": ("ImageNet top-1 agreement with the original model after full fine-tuning",
+                              "fraction of images [95 % Wilson interval]"),
+    # 02_tosca_sparsity_orthogonality: this notebook's own run, then the shipped study
+    "live_tosca_last_acc": ("TOSCA last-stage accuracy A_B, per-sample routing", _WILSON_PCT),
+    "live_tosca_oracle_last_acc": ("TOSCA A_B, oracle routing (upper bound)", _WILSON_PCT),
+    "live_tosca_per_batch_last_acc": ("TOSCA A_B, per-batch routing (the reference's protocol)", _WILSON_PCT),
+    "live_routing_accuracy_pct": ("Routing accuracy, per-sample, last stage", "% routed to their own task's module "
+                                                                              "[95 % Wilson interval]"),
+    "live_simplecil_last_acc": ("SimpleCIL A_B", _WILSON_PCT),
+    "live_finetune_last_acc": ("Sequential fine-tuning A_B (lower bound)", _WILSON_PCT),
+    "live_joint_last_acc": ("Joint training A_B (upper bound)", _WILSON_PCT),
+    "live_per_batch_shuffled_acc": ("TOSCA accuracy, per-batch routing on shuffled batches of 48", _WILSON_PCT),
+    "live_seed": ("Seed of this notebook's run", "seed"),
+    "scenario": ("Scenario", "datasets, first task B, classes per task Inc"),
+    "weight_frac_below": ("LuCA weights with |w| < 1e-3, mean over tasks", "fraction"),
+    "gate_mean_departure": ("Mean |gate − 0.5| on each task's own images", "0 to 0.5 (0.5 = fully open or closed)"),
+    "overlap_cosine_offdiag": ("Gate overlap between tasks, cosine, mean over task pairs", "−1 to 1"),
+    "overlap_jaccard_offdiag": ("Active gate dimensions shared by two tasks, Jaccard, mean over pairs", "0 to 1"),
+    "shipped_seeds": ("Seeds in the shipped study", "seeds"),
+    "shipped_tosca_per_sample_last_acc": ("Shipped study: TOSCA A_B, per-sample routing", _SEEDS_PCT),
+    "shipped_tosca_per_sample_avg_inc_acc": ("Shipped study: TOSCA average incremental accuracy Ā, per-sample "
+                                             "routing", _SEEDS_PCT),
+    "shipped_ranpac_last_acc": ("Shipped study: RanPAC A_B", _SEEDS_PCT),
+    # 03_aware_saliency
+    "q_top1pct_energy": ("Activation energy in the top 1 % of q neurons, median layer", "% (uniform: 1 %)"),
+    "q_half_mass_neurons_pct": ("q neurons that hold half the activation mass, median layer",
+                                "% of the neurons (uniform: 50 %)"),
+    "frozen_q_pct": ("q rows AWARe freezes (global ranking)", "% of the q rows"),
+    "frozen_k_pct": ("k rows AWARe freezes (global ranking)", "% of the k rows"),
+    "frozen_v_pct": ("v rows AWARe freezes (global ranking)", "% of the v rows"),
+    "trainable_pct": ("Parameters that stay trainable", "% of all parameters"),
+    "jaccard_upstream_proxy": ("Mask agreement, upstream vs proxy calibration set", "Jaccard, 0 to 1"),
+    "jaccard_chance": ("Mask agreement expected by chance", "Jaccard, 0 to 1"),
+    "jaccard_smallest_set": ("Mask agreement, smallest vs largest calibration set", "Jaccard, 0 to 1"),
+    "profile_ms_per_sample": ("Saliency profiling cost", "ms per calibration sample"),
+    # 04_aware_ablations (its numbers are labelled in their keys; these are its context strings)
+    "study": ("Shipped study (folder @ sha256 of its sources)", ""),
+    "complete": ("Study complete", ""),
+    "code": ("This code vs the study's sources", ""),
+}
+
+_RAW = re.compile(r"[a-z][a-z0-9_]*")   # a key written for code, not for a reader
+
+
+def is_raw(key: str) -> bool:
+    """``key`` is an identifier-like key (needs a label), not words."""
+    return bool(_RAW.fullmatch(key))
+
+
+def label(key: str) -> tuple[str, str]:
+    """``(label, unit)`` of a recorded key; a key that reads as words is its own label (no unit)."""
+    if key in LABELS:
+        return LABELS[key]
+    if not is_raw(key):
+        return key, ""
+    return key.replace("_", " "), ""    # not in the table: at least no underscores (tests keep notebooks off it)
+
+
+def unlabelled(keys) -> list[str]:
+    """The identifier-like keys the table has no line for."""
+    return [k for k in keys if is_raw(k) and k not in LABELS]
