@@ -12,8 +12,10 @@
 # Idempotent: a package already installed costs one dpkg query. Installs only with apt-get and
 # root or passwordless sudo; otherwise (or when apt-get fails, e.g. offline) it prints one line per
 # package saying what will be skipped and the one command that enables it, and exits 0: nothing
-# here is required.
+# here is required. With $SETUP_LOG set (the Makefile sets it), apt-get's own output goes to that
+# file instead of the terminal (one line says so; a failed install prints the file's last lines).
 set -u
+LOG=${SETUP_LOG:-}
 
 what_skips() {
   case "$1" in
@@ -60,9 +62,20 @@ LIMIT=()
 command -v timeout >/dev/null 2>&1 && LIMIT=(timeout 900)  # apt-get has its own network timeouts too
 export DEBIAN_FRONTEND=noninteractive
 note=""; [[ " ${missing[*]} " == *" chromium "* ]] && note="; chromium is an ~80 MB download plus libraries"
-echo "Installing ${missing[*]} with apt-get (once${note}) ..." >&2
+apt() {  # apt-get, its output into $LOG when set
+  if [ -n "$LOG" ]; then
+    "${LIMIT[@]}" "${SUDO[@]}" apt-get "$@" >>"$LOG" 2>&1
+  else
+    "${LIMIT[@]}" "${SUDO[@]}" apt-get "$@"
+  fi
+}
+echo "Installing ${missing[*]} with apt-get (once${note})${LOG:+; its output goes to $LOG} ..." >&2
 # Package lists first (a fresh image has none); a failed update may still leave usable lists.
-"${LIMIT[@]}" "${SUDO[@]}" apt-get update -q || true
-if ! "${LIMIT[@]}" "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"; then
+apt update -q || true
+if ! apt install -y -q --no-install-recommends "${missing[@]}"; then
+  if [ -n "$LOG" ]; then
+    echo "apt-get install failed; the last lines of $LOG:" >&2
+    tail -n 20 "$LOG" >&2
+  fi
   skip_all "apt-get install failed"
 fi
