@@ -58,10 +58,26 @@ def save_tensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str
     path = Path(path)
     meta = {str(k): str(v) for k, v in (metadata or {}).items()}
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    if _same_as_stored(path, tensors, meta):   # keep the bytes (safetensors' metadata order varies per write)
+        return path
     atomic_write(path, lambda p: save_file(tensors, str(p), metadata=meta))
     digest = sha256_file(path)
     atomic_write(path.with_name(path.name + ".sha256"), lambda p: p.write_text(digest + "\n"))
     return path
+
+
+def _same_as_stored(path: Path, tensors: dict, meta: dict) -> bool:
+    """True if ``path`` is a valid file of exactly these tensors (dtype, shape, values) and metadata."""
+    import torch
+
+    if not path.is_file():
+        return False
+    try:
+        old, old_meta = load_tensors(path)
+    except Exception:   # corrupt or unreadable: it gets rewritten
+        return False
+    return (old_meta == meta and old.keys() == tensors.keys()
+            and all(old[k].dtype == v.dtype and torch.equal(old[k], v) for k, v in tensors.items()))
 
 
 def load_tensors(path: str | os.PathLike) -> tuple[dict, dict[str, str]]:
