@@ -1,0 +1,75 @@
+"""Is `make report` faster than at an earlier commit? Both trees' notebooks, side by side in one run.
+
+For every notebook that exists in both trees, in the report's order, this runs ``lab report --only
+NOTEBOOK`` at ``--base`` (a git worktree of that commit in a temporary folder, imported through
+``PYTHONPATH`` with this checkout's environment: the kernel inherits it) and then here, each tree
+with its own empty feature cache (``LAB_CACHE_DIR``; a notebook reuses what the earlier notebooks
+of its own tree cached, as in one ``make report``). Base and new alternate notebook by notebook, so
+a change in the machine's load hits both alike. Prints each notebook's wall time in both trees, the
+ratio new/base, and the totals.
+
+    python benchmarks/bench_report.py --base f0898de            # ~25-40 min on 2 cores
+    python benchmarks/bench_report.py --base f0898de --no-png   # without kaleido's PNG export
+    python benchmarks/bench_report.py --base f0898de --new HEAD # a commit, not the working tree
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tree: Path, nb: str, out: Path, cache: Path, extra: list[str]) -> tuple[float, int]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "LAB_CACHE_DIR": str(cache)}
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "lab", "report", "--only", nb, "--out", str(out), *extra],
+                       cwd=tree, env=env, capture_output=True, text=True, timeout=3600)
+    return time.perf_counter() - t0, r.returncode
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--base", default="f0898de", help="the earlier commit (default: f0898de)")
+    p.add_argument("--new", default=None, help="compare this commit instead of the checkout (a worktree too)")
+    p.add_argument("--no-png", action="store_true", help="pass --no-png to both trees")
+    a = p.parse_args(argv)
+    extra = ["--no-png"] if a.no_png else []
+    with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
+        tmp = Path(tmp)
+        base = tmp / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(base), a.base], cwd=ROOT, check=True,
+                       capture_output=True)
+        new = ROOT
+        if a.new:
+            new = tmp / "new"
+            subprocess.run(["git", "worktree", "add", "--detach", str(new), a.new], cwd=ROOT, check=True,
+                           capture_output=True)
+        try:
+            names = sorted(n.name for n in (new / "notebooks").glob("*.ipynb")
+                           if (base / "notebooks" / n.name).is_file())
+            print(f"{'notebook':40s} {'base s':>8s} {'new s':>8s} {'ratio':>6s}")
+            tot_b = tot_n = 0.0
+            for nb in names:
+                tb, rb = _run(base, nb, tmp / "out-base", tmp / "cache-base", extra)
+                tn, rn = _run(new, nb, tmp / "out-new", tmp / "cache-new", extra)
+                tot_b, tot_n = tot_b + tb, tot_n + tn
+                flag = "" if rb == rn == 0 else f"  (exit base {rb}, new {rn})"
+                print(f"{nb:40s} {tb:8.1f} {tn:8.1f} {tn / tb:6.2f}{flag}", flush=True)
+            print(f"{'all notebooks in both trees':40s} {tot_b:8.1f} {tot_n:8.1f} {tot_n / tot_b:6.2f}")
+            only_new = sorted(set(n.name for n in (new / "notebooks").glob("*.ipynb")) - set(names))
+            if only_new:
+                print(f"not timed (only in this tree): {', '.join(only_new)}")
+        finally:
+            for tree in {base, new} - {ROOT}:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
