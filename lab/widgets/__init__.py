@@ -35,6 +35,8 @@ Under papermill a panel executes once with its defaults (the offline HTML shows 
   AWARe's masking rule on stored saliency (notebook 03).
 * :class:`~lab.widgets.aware.AblationPanel` — browse an ablation results table, and re-select the
   frozen rows live on the run's stored saliency (notebook 04).
+* :class:`~lab.widgets.compare.RouterComparePanel` — pick your router, the built-in routers and a
+  metric: paired differences over seeds with verdicts, from results already computed (notebook 05).
 """
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ import time
 from importlib import import_module
 from typing import Any
 
-_LAZY = {"StagePanel": "ventral", "ToscaPanel": "tosca", "MaskPanel": "aware", "AblationPanel": "aware"}
+_LAZY = {"StagePanel": "ventral", "ToscaPanel": "tosca", "MaskPanel": "aware", "AblationPanel": "aware",
+         "RouterComparePanel": "compare"}
 __all__ = ["Panel", "figure_output", "PLOTLY_MIME", *_LAZY]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
