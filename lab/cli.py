@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:    # Ctrl-C before a command starts (reading the command line) is one line and 130 as well
         if argv[:2] == ["tosca", "study"]:    # the shipped TOSCA study: its own parser (lab tosca study --help)
-            from lab.experiments.tosca.study import main as study_main
+            from lab.experiments.tosca.cli import study_main   # the study's main, with --track
 
             return study_main(argv[2:], prog="lab tosca study")
         parser = build_parser(argv)
@@ -302,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(_interrupted(args, argv), file=sys.stderr, flush=True)
         return 130
+    except BrokenPipeError:   # `lab plugins | head`: the reader left; say nothing, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit's flush
+        return 141
     except EXPECTED as exc:
         print(f"{_prog(args)}: error: {one_line(exc)}", file=sys.stderr, flush=True)
         return 2

@@ -157,3 +157,14 @@ def test_static_names_match_the_registries():
     assert _names.DEFAULT_BACKBONE == backbones.DEFAULT_BACKBONE
     assert _names.DEFAULT_DATASET == data.DEFAULT_DATASET
     assert _names.PREPROCESS == tuple(backbones.PREPROCESS)
+
+
+def test_a_reader_that_leaves_early_gets_no_error_line():
+    """`lab plugins | head -1`: when the reader closes the pipe, lab stops without a message."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "lab", "plugins"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()   # the reader is gone before lab writes a line
+    _, err = p.communicate(timeout=120)
+    assert err.decode().strip() == "" and p.returncode in (0, 141)
