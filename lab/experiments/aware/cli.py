@@ -9,6 +9,7 @@ _GROUPS = ("methods", "rule", "rho", "targets", "calibration", "calib_size", "co
 
 
 def register(subparsers) -> None:
+    from lab import tracking
     from lab._names import AWARE_METHODS, AWARE_RULES, AWARE_SIZES, AWARE_TASKS   # static: no torch for --help
 
     p = subparsers.add_parser("aware", help="AWARe on the mini-LLaVA: profile saliency, fine-tune, run ablations",
@@ -54,6 +55,7 @@ def register(subparsers) -> None:
     q.add_argument("--calib", default="upstream", choices=["upstream", "proxy"])
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--save", default=None, help="save the fine-tuned (merged, standard) model to this folder")
+    tracking.add_argument(q)
     q.set_defaults(func=cmd_finetune)
 
     q = sub.add_parser("ablate", help="run the sweep (methods, rule, rho, targets, calibration, continual); print the table")
@@ -64,6 +66,7 @@ def register(subparsers) -> None:
     q.add_argument("--task", default="fashion", choices=AWARE_TASKS)
     q.add_argument("--run-dir", default=None, help="output folder (default: a new unique runs/aware/... folder)")
     executor_args(q)
+    tracking.add_argument(q)
     q.set_defaults(func=cmd_ablate)
     q = sub.add_parser("tune", help="choose each method's learning rate on held-out validation questions; print the flags",
                        description="Fine-tune full / LoRA / AWARe at each candidate lr on the sweep's train pool and score "
@@ -101,6 +104,7 @@ def register(subparsers) -> None:
     executor_args(q)
     q.add_argument("--workers", type=int, default=None,
                    help="CPUs of the local Ray instance, one run each (with --executor ray; default: all cores)")
+    tracking.add_argument(q)
     q.set_defaults(func=cmd_study)
     q = sub.add_parser("check", help="re-run one finished run of a study and compare its answers with the stored ones",
                        description="Does this code, on this machine, still give a study's answers? Re-runs one "
@@ -291,6 +295,10 @@ def cmd_finetune(args) -> int:
                                                  f"{args.model}: saving there would overwrite it; give another folder")
     check_targets(args.targets, model=args.model)     # last: it builds the model's skeleton (a few seconds)
     aware = AwareConfig(rho=args.rho, rule=args.rule, targets=args.targets)   # validates before work
+    from lab import tracking
+    from lab.experiments.aware.finetune import train
+
+    track = tracking.start(args.track, "lab aware finetune")    # mlflow imports, its store opens
     from contextlib import nullcontext
 
     from lab.experiments.aware import distributed
@@ -311,7 +319,7 @@ def cmd_finetune(args) -> int:
         else:
             sal = profile(ctx.base, calibration_batches(qa, ctx.enc), targets=aware.targets, progress=not args.quiet)
     row, info = run_variant(ctx, v, args.task, args.seed, before=before, saliency=sal, progress=not args.quiet,
-                            keep_model=bool(args.save), trainer=dist.train if dist else None)
+                            keep_model=bool(args.save), trainer=track.watch(dist.train if dist else train))
     if dist and not dist.is_main:
         return 0
     if dist:
@@ -325,6 +333,7 @@ def cmd_finetune(args) -> int:
         if getattr(ctx.enc, "processor", None) is not None:    # a transformers LLaVA: loadable as it was
             ctx.enc.processor.save_pretrained(args.save)
         print(f"saved a standard checkpoint to {args.save}")
+    tracking.log_aware_finetune(track, args, ctx.size, row, before)
     return 0
 
 
@@ -339,6 +348,9 @@ def cmd_ablate(args) -> int:
     _no_duplicates("--seeds", args.seeds or ())
     _run_dir_check(args)
     executors.check_arguments(args)
+    from lab import tracking
+
+    track = tracking.start(args.track, "lab aware ablate")    # mlflow imports, its store opens
     ctx = _ctx(args)
     out = sweep(ctx, seeds=tuple(args.seeds) if args.seeds else None,
                 groups=tuple(args.groups) if args.groups else None, task=args.task,
@@ -361,6 +373,7 @@ def cmd_ablate(args) -> int:
             print("\nmask overlap (rho=0.3, q/k/v+projector):")
             print(out["overlap"].to_string(index=False))
     print(f"\nwall time {out['timings']['total_s']:.0f}s; tables in {out['run_dir']}")
+    tracking.log_aware_ablate(track, out)
     return 0
 
 
@@ -449,6 +462,9 @@ def cmd_study(args) -> int:
         out = args.out
     V.out_dir("--out", out)
     _refuse_other_study(out, cfg, args.replace)
+    from lab import tracking
+
+    track = tracking.start(args.track, "lab aware study")    # mlflow imports, its store opens
     _threads()
     from lab.experiments.aware.shipped import run_study
 
@@ -464,6 +480,7 @@ def cmd_study(args) -> int:
             for v in res[name].verdict:
                 print("  " + v)
     print(f"\nwall time {res['manifest']['wall_s']:.0f}s; tables and manifest.json in {res['out']}")
+    tracking.log_aware_study(track, res, args.preset)
     return 0
 
 

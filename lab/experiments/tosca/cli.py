@@ -120,6 +120,9 @@ def register(subparsers) -> None:
     executors.add_arguments(p, "SWEEP_DIR/variants/ and skipped by --resume SWEEP_DIR")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     track_given(p)
+    from lab import tracking
+
+    tracking.add_argument(p)        # after track_given: how a run is watched is not part of its config
     p.set_defaults(func=cmd_tosca)
 
 
@@ -338,18 +341,22 @@ def is_sweep(args) -> bool:
 
 def cmd_tosca(args) -> int:
     check_args(args)                # before torch is imported: a usage error answers at once
+    from lab import tracking
+
+    track = tracking.start(args.track, "lab tosca", root=args.runs_dir)   # mlflow imports, its store opens
     from .run import run
 
     if is_sweep(args):
-        return cmd_sweep(args)
+        return cmd_sweep(args, track)
     # a resumed run continues with its stored config (the options typed agree with it: check_resume)
     cfg = stored(args.resume)[1] if args.resume is not None else config_from_args(args)
     res = run(cfg, runs_root=args.runs_dir, resume=args.resume, progress=not args.quiet)
     print(format_summary(res))
+    tracking.log_tosca_run(track, res)
     return 0
 
 
-def cmd_sweep(args) -> int:
+def cmd_sweep(args, track=None) -> int:
     from pathlib import Path
 
     from lab import runs
@@ -367,13 +374,49 @@ def cmd_sweep(args) -> int:
     try:
         print(f"sweep: {len(seeds)} seed(s) x {len(l1s)} L1 value(s) = {len(seeds) * len(l1s)} runs "
               f"({args.executor}) into {folder}", flush=True)
-        _, summary = sweep.run_sweep(base, seeds, l1s, folder, executor=args.executor, address=args.address,
-                                     log=None if args.quiet else print)
+        table, summary = sweep.run_sweep(base, seeds, l1s, folder, executor=args.executor, address=args.address,
+                                         log=None if args.quiet else print)
     finally:
         runs.set_active(folder)        # an interrupted sweep resumes as a sweep, not as its last run
         lock.unlink(missing_ok=True)
     print(sweep.format_summary(summary, folder))
+    if track is not None:
+        from lab import tracking
+
+        tracking.log_tosca_sweep(track, folder, base, seeds, l1s, table, summary)
     return 0
+
+
+def study_main(argv, prog: str = "lab tosca study") -> int:
+    """``lab tosca study`` with ``--track``: the study's own parser plus that flag (so ``--help`` and
+    usage errors are the study's), the study run unchanged without it, its folder logged after."""
+    import argparse
+    import sys
+
+    from lab import runs, tracking
+    from lab.cli import one_line
+
+    from . import study
+
+    p = study.parser(prog)
+    tracking.add_argument(p)
+    args = p.parse_args(argv)
+    only = argparse.ArgumentParser(add_help=False)
+    tracking.add_argument(only)
+    rest = only.parse_known_args(argv)[1]       # the study's own arguments, in their order
+    try:
+        track = tracking.start(args.track, prog)                 # mlflow imports, its store opens
+    except (ImportError, ValueError, RuntimeError) as exc:
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    rc = study.main(rest, prog=prog)
+    try:
+        if rc == 0:
+            tracking.log_tosca_study(track, args.out or runs.active())
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    return rc
 
 
 def config_from_args(args):

@@ -1,0 +1,405 @@
+"""Runs a tracker can read: ``--track mlflow`` (or ``$LAB_TRACK=mlflow``) logs what a command ran
+to MLflow: its parameters, its metrics (TOSCA: per task and per epoch; AWARe fine-tuning: per
+step) and the tables of its run folder as artifacts, under an experiment named by the command
+("lab tosca", "lab aware finetune", ...). See docs/tracking.md.
+
+    track = tracking.start(args.track, "lab tosca", root=args.runs_dir)   # before any work
+    res = run(cfg, ...)                                                   # the run, untouched
+    tracking.log_tosca_run(track, res)                                    # after it, from its results
+
+Tracking only observes: every ``log_*`` function reads what the run returned and the folder it
+wrote, after the run. Without ``--track`` the :class:`Tracker` is a no-op and mlflow is never
+imported (``import lab`` and ``lab --help`` do not import it either). :func:`start` checks, before
+any work, that mlflow imports (one line naming ``pip install -e '.[track]'`` when it does not) and
+that the store opens.
+
+The store: ``$MLFLOW_TRACKING_URI`` when set (a server, ``sqlite:///...`` with SQLAlchemy
+installed, a folder), else a local file store ``<runs root>/mlruns`` (``$LAB_RUNS_DIR`` or
+``./runs``; no server). ``mlflow ui --backend-store-uri runs/mlruns`` shows it.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from pathlib import Path
+
+CHOICES = ("mlflow", "none")
+ENV = "LAB_TRACK"
+INSTALL = "pip install -e '.[track]'"
+TABLE_SUFFIXES = (".parquet", ".csv", ".json", ".md")   # a run folder's files logged as artifacts
+
+
+def add_argument(parser) -> None:
+    """``--track {mlflow,none}`` (default: ``$LAB_TRACK``, else none)."""
+    parser.add_argument("--track", default=None, choices=CHOICES,
+                        help=f"log parameters, metrics and tables to MLflow (default ${ENV}, else none; needs the "
+                             f"track extra: {INSTALL}; store: $MLFLOW_TRACKING_URI or RUNS_ROOT/mlruns; "
+                             f"docs/tracking.md)")
+
+
+def chosen(value: str | None = None) -> str:
+    """The tracker asked for: ``value`` (the flag), else ``$LAB_TRACK``, else ``'none'``."""
+    if value:
+        return value
+    env = os.environ.get(ENV, "").strip()
+    if env and env not in CHOICES:
+        from lab._validate import bad
+
+        raise bad(f"${ENV}", env, f"must be one of {', '.join(CHOICES)}")
+    return env or "none"
+
+
+def start(value: str | None, experiment: str, root=None) -> "Tracker":
+    """The tracker of one command (``value``: its ``--track``), opened before any work: the no-op
+    :class:`Tracker`, or :class:`MLflowTracker` (mlflow imported, its store open). Under several
+    launched processes ($WORLD_SIZE > 1) only rank 0 opens the store; the others check the import."""
+    if chosen(value) == "none":
+        return Tracker()
+    if int(os.environ.get("RANK", "0") or 0) != 0:
+        _mlflow()
+        return Tracker()
+    return MLflowTracker(experiment, root)
+
+
+class Tracker:
+    """Tracks nothing (the default): :meth:`log` does nothing, :meth:`watch` returns its function."""
+
+    enabled = False
+
+    def log(self, name, *, params=None, metrics=None, series=None, folder=None, files=None, tags=None,
+            parent=None) -> str | None:
+        """One run: ``params`` {name: value}, ``metrics`` {name: number} (final values), ``series``
+        {name: [(step, number), ...]}, ``folder`` (its top-level tables become artifacts), ``files``
+        {artifact name: dict} (JSON artifacts), ``tags``, ``parent`` (a run id: a child run).
+        Returns the run id (``None`` here)."""
+        return None
+
+    def watch(self, fn):
+        """``fn`` wrapped so that what each call returns is also kept (here: ``fn`` itself)."""
+        return fn
+
+
+def _mlflow():
+    try:
+        import mlflow
+    except ImportError as exc:
+        raise ImportError(f"--track mlflow: MLflow is not installed in this environment ({exc}); install the "
+                          f"track extra: {INSTALL}") from None
+    return mlflow
+
+
+def store_uri(root=None) -> str:
+    """Where runs go: ``$MLFLOW_TRACKING_URI``, else the local file store ``<runs root>/mlruns``."""
+    from lab import runs
+
+    return os.environ.get("MLFLOW_TRACKING_URI") or (runs.runs_root(root).resolve() / "mlruns").as_uri()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(getattr(exc, "message", None) or exc).split())
+    return text[:400] or type(exc).__name__
+
+
+class MLflowTracker(Tracker):
+    """Logs to an MLflow store through :class:`mlflow.MlflowClient` (no global active run)."""
+
+    enabled = True
+
+    def __init__(self, experiment: str, root=None):
+        _mlflow()
+        from mlflow import MlflowClient
+
+        self.uri = store_uri(root)
+        if "://" not in self.uri or self.uri.startswith("file:"):
+            # MLflow 3 keeps its folder store in maintenance mode and asks for this opt-in; the lab's
+            # default store is such a folder (no server, no database package)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.experiment, self.started, self.steps = experiment, _now(), []
+        try:
+            self.client = MlflowClient(tracking_uri=self.uri)
+            exp = self.client.get_experiment_by_name(experiment)
+            if exp is None:
+                try:
+                    self.experiment_id = self.client.create_experiment(experiment)
+                except Exception:       # made meanwhile by another process
+                    exp = self.client.get_experiment_by_name(experiment)
+                    if exp is None:
+                        raise
+            if exp is not None:
+                if exp.lifecycle_stage == "deleted":
+                    raise RuntimeError(f"the experiment {experiment!r} is deleted there; restore it (mlflow "
+                                       f"experiments restore --experiment-id {exp.experiment_id}) or remove it "
+                                       f"for good (mlflow gc)")
+                self.experiment_id = exp.experiment_id
+        except Exception as exc:
+            raise RuntimeError(f"--track mlflow: the tracking store {self.uri} does not open: "
+                               f"{_one_line(exc)}") from None
+
+    def log(self, name, *, params=None, metrics=None, series=None, folder=None, files=None, tags=None,
+            parent=None) -> str:
+        from mlflow.entities import Metric, Param
+
+        import lab
+
+        now = _now()
+        tags = {"lab.version": lab.__version__, **({"lab.run_dir": str(folder)} if folder else {}),
+                **({"mlflow.parentRunId": parent} if parent else {}), **(tags or {})}
+        run = self.client.create_run(self.experiment_id, start_time=now if parent else self.started,
+                                     tags={k: str(v) for k, v in tags.items()}, run_name=str(name))
+        rid = run.info.run_id
+        try:
+            ms = [Metric(key(k), float(v), now, 0) for k, v in (metrics or {}).items() if _finite(v)]
+            ms += [Metric(key(k), float(v), now, int(step)) for k, points in (series or {}).items()
+                   for step, v in points if _finite(v)]
+            ps = [Param(key(k), _param(v)) for k, v in flatten(params or {}).items()]
+            self.client.log_batch(rid, metrics=ms, params=ps)
+            for artifact, obj in (files or {}).items():
+                self.client.log_dict(rid, obj, artifact)
+            for f in tables(folder):
+                self.client.log_artifact(rid, str(f))
+        except BaseException as exc:
+            self.client.set_terminated(rid, "FAILED")
+            if isinstance(exc, Exception):      # the run itself finished: say so, in one line
+                raise RuntimeError(f"--track mlflow: the run finished{f' (results in {folder})' if folder else ''}, "
+                                   f"but logging it to {self.uri} failed: {_one_line(exc)}") from exc
+            raise
+        self.client.set_terminated(rid, "FINISHED")
+        return rid
+
+    def watch(self, fn):
+        def watched(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            self.steps.append(out)
+            return out
+
+        return watched
+
+
+# --- helpers (no mlflow) ------------------------------------------------------------------------
+def _now() -> int:
+    return int(time.time() * 1000)
+
+
+def _finite(v) -> bool:
+    try:
+        return not isinstance(v, str) and math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def key(name) -> str:
+    """A metric or parameter name MLflow accepts: letters, digits, ``_ - . : /`` and spaces, no empty
+    or ``.``/``..`` path parts, at most 250 characters (``+`` and the like become ``_``)."""
+    parts = [re.sub(r"[^\w.\- :]", "_", p) for p in str(name).split("/") if p]
+    return "/".join("_" if p in (".", "..") else p for p in parts)[:250] or "_"
+
+
+def _param(v) -> str:
+    if isinstance(v, (list, tuple)):
+        import json
+
+        v = json.dumps(list(v), default=str)
+    return str(v)[:6000]
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """Nested dicts as one level: ``{"train": {"lr": 1}}`` -> ``{"train.lr": 1}``."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def tables(folder) -> list[Path]:
+    """The top-level tables of a run folder (parquet, CSV, JSON, Markdown; no modules, no caches)."""
+    if folder is None or not Path(folder).is_dir():
+        return []
+    return sorted(f for f in Path(folder).iterdir() if f.is_file() and f.suffix in TABLE_SUFFIXES
+                  and not f.name.startswith("."))
+
+
+def _missing(v) -> bool:
+    """None or NaN (a baseline's empty ``flow`` column in a CSV): left out of names and parameters."""
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _name(keys, row) -> str:
+    return "/".join(_part(k, row[k]) for k in keys if k in row and not _missing(row[k]))
+
+
+def _part(k: str, v) -> str:
+    """A key's value as a name part: a number carries its column's name ("l1 0.0005", "seed 1993")."""
+    import numbers
+
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return str(v)
+    return f"{k} {int(v)}" if isinstance(v, numbers.Integral) or k == "seed" else f"{k} {float(v):g}"
+
+
+def _numeric(df) -> list[str]:
+    import pandas as pd
+
+    return [c for c in df.columns if pd.api.types.is_numeric_dtype(df[c])]
+
+
+def table_metrics(df, keys, values=None, prefix: str = "") -> dict:
+    """One metric per row and value column: ``<key values>/<column>`` (e.g. "per-sample/avg_inc_acc")."""
+    if df is None or not len(df):
+        return {}
+    values = [c for c in (values or _numeric(df)) if c in df.columns and c not in keys]
+    out = {}
+    for row in df.to_dict("records"):
+        name = _name(keys, row)
+        out.update({f"{prefix}{name}/{c}": row[c] for c in values})
+    return out
+
+
+def log_children(track: Tracker, df, by, parent: str, spread: str | None = None) -> None:
+    """One child run of ``parent`` per group of ``df`` by ``by`` (a variant x seed): its ``by`` values
+    and its constant text columns as parameters, its numbers as metrics (per ``spread`` value, e.g.
+    per routing, when a group has one row each)."""
+    if df is None or not len(df):
+        return
+    by = [c for c in by if c in df.columns]
+    nums = [c for c in _numeric(df) if c not in by and c != spread]
+    for values, g in df.groupby(by, sort=False, dropna=False):
+        values = values if isinstance(values, tuple) else (values,)
+        params = dict(zip(by, values))
+        params.update({c: g[c].iloc[0] for c in g.columns if c not in params and c not in nums and c != spread
+                       and g[c].nunique(dropna=False) == 1})
+        params = {k: v for k, v in params.items() if not _missing(v)}
+        rows = g.to_dict("records")
+        metrics = {(f"{r[spread]}/{c}" if spread else c): r[c] for r in rows for c in nums}
+        track.log(" ".join(_part(k, params[k]) for k in by if k in params), params=params, metrics=metrics,
+                  parent=parent)
+
+
+# --- what each command logs (each a no-op without a tracker) ------------------------------------
+def log_tosca_run(track: Tracker, res) -> str | None:
+    """``lab tosca``: the config as parameters; per routing the summary (Ā, A_B, forgetting, BWT,
+    routing accuracy) as metrics and, per task (step = task index), A_b, routing accuracy and each
+    task's accuracy after every stage; per epoch (step = epoch counted over all tasks) the training
+    log; the run folder's tables as artifacts."""
+    if not track.enabled:
+        return None
+    info, head = res.info, res.info["headline_routing"]
+    values = [c for c in _numeric(res.summary) if c != "per_batch_size"]
+    metrics = table_metrics(res.summary, ["routing"], values)
+    metrics.update({k: v for k, v in res.headline().items() if k in values})      # the headline routing's
+    metrics.update({f"seconds/{k}": v for k, v in info["seconds"].items()})
+    metrics["trainable_params_total"] = info["trainable_params_total"]
+    series = {}
+    for r in res.stages.to_dict("records"):
+        for c in ("A_b", "routing_accuracy"):
+            series.setdefault(f"{r['routing']}/{c}", []).append((r["stage"], r[c]))
+            if r["routing"] == head:
+                series.setdefault(c, []).append((r["stage"], r[c]))
+    for r in res.matrix.to_dict("records"):
+        series.setdefault(f"{r['routing']}/accuracy/task {r['task']}", []).append((r["stage"], r["accuracy"]))
+    for r in res.tasks.to_dict("records"):
+        for c in ("train_seconds", "eval_seconds", "trainable_params", "head_scale"):
+            series.setdefault(f"task/{c}", []).append((r["task"], r.get(c)))
+    for i, r in enumerate(res.epochs.to_dict("records")):
+        for c, v in r.items():
+            if c != "epoch":
+                series.setdefault(f"train/{c}", []).append((i, v))
+    params = {**res.config.to_dict(), "num_tasks": info["num_tasks"], "headline_routing": head}
+    return track.log(Path(res.run_dir).name, params=params, metrics=metrics, series=series, folder=res.run_dir,
+                     tags={"lab.kind": "run", "lab.backbone_untrained": info.get("backbone_untrained")})
+
+
+def log_tosca_sweep(track: Tracker, folder, base, seeds, l1s, runs, summary) -> str | None:
+    """``lab tosca --seeds/--l1``: the sweep's settings and its summary (mean and interval over seeds
+    per L1 and routing) on one run, one child run per (seed, L1) with its rows."""
+    if not track.enabled:
+        return None
+    from dataclasses import asdict
+
+    params = {**{k: v for k, v in asdict(base).items() if k not in ("seed", "l1")}, "seeds": list(seeds),
+              "l1": list(l1s)}
+    rid = track.log(Path(folder).name, params=params, metrics=table_metrics(summary, ["l1", "routing"]),
+                    folder=folder, tags={"lab.kind": "sweep"})
+    log_children(track, runs, ["seed", "l1"], rid, spread="routing")
+    return rid
+
+
+def log_tosca_study(track: Tracker, folder) -> str | None:
+    """``lab tosca study``: its manifest's settings, the summary (mean and 95 % half-width over seeds)
+    on one run, one child run per variant and seed (its numbers per routing); the tables as artifacts."""
+    if not track.enabled:
+        return None
+    import pandas as pd
+
+    from lab._io import read_json
+
+    folder = Path(folder)
+    m = read_json(folder / "manifest.json")
+    keys = ["scenario", "method", "flow", "head_init", "luca_init", "routing"]
+    params = {k: m.get(k) for k in ("scenarios", "seeds", "executor", "runs")}
+    params.update({f"base_config.{k}": v for k, v in (m.get("base_config") or {}).items()})
+    rid = track.log(folder.name, params=params, metrics=table_metrics(pd.read_csv(folder / "summary.csv"), keys),
+                    folder=folder, tags={"lab.kind": "study", "lab.command": m.get("command", "")})
+    log_children(track, pd.read_csv(folder / "runs.csv"), ["scenario", "seed", *keys[1:-1]], rid, spread="routing")
+    return rid
+
+
+def log_aware_finetune(track: Tracker, args, size, row: dict, before: dict) -> str | None:
+    """``lab aware finetune``: the method's settings and training recipe, downstream accuracy, upstream
+    skills before and after, retention; per step the training loss and step time."""
+    if not track.enabled:
+        return None
+    from dataclasses import asdict
+
+    params = {k: getattr(args, k) for k in ("method", "task", "rho", "rule", "targets", "calib", "seed", "size",
+                                            "model", "device") if hasattr(args, k)}
+    params["train"] = asdict(size.train)
+    metrics = {k: v for k, v in row.items() if _finite(v) and k != "seed"}
+    metrics.update({f"before/{k}": v for k, v in before.items()})
+    series = {}
+    for log in track.steps[-1:]:
+        series = {"loss": list(enumerate(log.get("losses", []))), "step_seconds": list(enumerate(log.get("step_seconds", [])))}
+    result = {"row": {k: (v if _finite(v) or isinstance(v, str) else None) for k, v in row.items()},
+              "before": dict(before)}
+    return track.log(f"{args.method}-{args.task}-seed{args.seed}", params=params, metrics=metrics, series=series,
+                     files={"result.json": result}, tags={"lab.kind": "run"})
+
+
+def log_aware_ablate(track: Tracker, out: dict) -> str | None:
+    """``lab aware ablate``: the sweep's config, R/E/H per variant (mean over seeds) and its timings
+    on one run, one child run per variant and seed; the run folder's tables as artifacts."""
+    if not track.enabled:
+        return None
+    from lab._io import read_json
+    from lab.experiments.aware.ablate import summary
+
+    folder = Path(out["run_dir"])
+    cfg = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    params = {k: v for k, v in cfg.items() if k not in ("timings", "versions", "align")}
+    metrics = table_metrics(summary(out["results"]), ["group", "variant"])
+    metrics.update({f"timings/{k}": v for k, v in out.get("timings", {}).items()})
+    rid = track.log(folder.name, params=params, metrics=metrics, folder=folder, tags={"lab.kind": "sweep"})
+    log_children(track, out["results"], ["group", "variant", "seed"], rid)
+    return rid
+
+
+def log_aware_study(track: Tracker, res: dict, preset: str | None = None) -> str | None:
+    """``lab aware study``: the preset's config, the summary estimates with their intervals on one
+    run, one child run per variant and seed; the study folder's tables as artifacts."""
+    if not track.enabled or "manifest" not in res:
+        return None
+    m, folder = res["manifest"], Path(res["out"])
+    params = flatten({"config": m.get("config") or {}})
+    params.update({"preset": preset, "complete": m.get("complete")})
+    summary = res.get("summary")
+    metrics = table_metrics(summary, ["variant", "metric"], ["estimate", "lo", "hi"]) if summary is not None else {}
+    metrics.update({k: m[k] for k in ("wall_s", "compute_s") if k in m})
+    rid = track.log(folder.name, params=params, metrics=metrics, folder=folder,
+                    tags={"lab.kind": "study", "lab.command": m.get("command", "")})
+    if res.get("runs") is not None:
+        log_children(track, res["runs"], ["variant", "seed"], rid)
+    return rid
