@@ -60,6 +60,10 @@ class Registry:
         self._load_plugins()
         return list(self._entries)
 
+    def builtin_names(self) -> list[str]:
+        """The lab's own entries (no plugin's, no notebook cell's), in registration order."""
+        return [n for n in self.names() if self._source.get(n) == "built-in"]
+
     def info(self, name: str) -> dict[str, Any]:
         return self._info[self.check(name)]
 

@@ -143,7 +143,7 @@ class MiniLlava(nn.Module):
         emb = self.language_model.get_input_embeddings()(input_ids)          # (B, L, H)
         if images is None:
             return emb
-        proj_dtype = self.mm_projector[0].weight.dtype                      # the projector may differ from the LM (bf16 LM)
+        proj_dtype = next(self.mm_projector.parameters()).dtype             # may differ from the LM's (a bf16 LM)
         vis = self.mm_projector(images.to(emb.device, proj_dtype)).to(emb.dtype)  # (N_img, n, H)
         if image_mask is None or int(image_mask.sum()) != vis.shape[0] * vis.shape[1]:
             raise ValueError("image_mask must mark exactly n_images * n_tokens positions")
