@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:    # Ctrl-C before a command starts (reading the command line) is one line and 130 as well
         if argv[:2] == ["tosca", "study"]:    # the shipped TOSCA study: its own parser (lab tosca study --help)
-            from lab.experiments.tosca.cli import study_main   # the study's main, with --track
+            study_main = importlib.import_module("lab.experiments.tosca.cli").study_main   # with --track
 
             return study_main(argv[2:], prog="lab tosca study")
         parser = build_parser(argv)
