@@ -57,10 +57,18 @@ def start(value: str | None, experiment: str, root=None) -> "Tracker":
     launched processes ($WORLD_SIZE > 1) only rank 0 opens the store; the others check the import."""
     if chosen(value) == "none":
         return Tracker()
-    if int(os.environ.get("RANK", "0") or 0) != 0:
+    if _rank() != 0:
         _mlflow()
         return Tracker()
     return MLflowTracker(experiment, root)
+
+
+def _rank() -> int:
+    """This process's rank among launched ones ($RANK under $WORLD_SIZE > 1), else 0."""
+    try:
+        return int(os.environ.get("RANK") or 0) if int(os.environ.get("WORLD_SIZE") or 1) > 1 else 0
+    except ValueError:
+        return 0
 
 
 class Tracker:
@@ -117,6 +125,10 @@ class MLflowTracker(Tracker):
             # default store is such a folder (no server, no database package)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.experiment, self.started, self.steps = experiment, _now(), []
+        # a server that does not answer is found in seconds, not after MLflow's minutes of retries
+        quick = {k: v for k, v in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0"), ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20"))
+                 if k not in os.environ}
+        os.environ.update(quick)
         try:
             self.client = MlflowClient(tracking_uri=self.uri)
             exp = self.client.get_experiment_by_name(experiment)
@@ -134,8 +146,16 @@ class MLflowTracker(Tracker):
                                        f"for good (mlflow gc)")
                 self.experiment_id = exp.experiment_id
         except Exception as exc:
-            raise RuntimeError(f"--track mlflow: the tracking store {self.uri} does not open: "
-                               f"{_one_line(exc)}") from None
+            import importlib.util
+
+            db = self.uri.split(":", 1)[0].split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql")
+            why = ("it is a database store, which needs SQLAlchemy and Alembic (mlflow-skinny leaves them out): "
+                   "pip install mlflow, or sqlalchemy alembic") if db and importlib.util.find_spec("sqlalchemy") is None \
+                else _one_line(exc)
+            raise RuntimeError(f"--track mlflow: the tracking store {self.uri} does not open: {why}") from None
+        finally:
+            for k in quick:
+                os.environ.pop(k, None)
 
     def log(self, name, *, params=None, metrics=None, series=None, folder=None, files=None, tags=None,
             parent=None) -> str:
@@ -146,21 +166,25 @@ class MLflowTracker(Tracker):
         now = _now()
         tags = {"lab.version": lab.__version__, **({"lab.run_dir": str(folder)} if folder else {}),
                 **({"mlflow.parentRunId": parent} if parent else {}), **(tags or {})}
-        run = self.client.create_run(self.experiment_id, start_time=now if parent else self.started,
-                                     tags={k: str(v) for k, v in tags.items()}, run_name=str(name))
-        rid = run.info.run_id
+        rid = None
         try:
+            rid = self.client.create_run(self.experiment_id, start_time=now if parent else self.started,
+                                         tags={k: str(v) for k, v in tags.items()}, run_name=str(name)).info.run_id
             ms = [Metric(key(k), float(v), now, 0) for k, v in (metrics or {}).items() if _finite(v)]
             ms += [Metric(key(k), float(v), now, int(step)) for k, points in (series or {}).items()
                    for step, v in points if _finite(v)]
-            ps = [Param(key(k), _param(v)) for k, v in flatten(params or {}).items()]
+            ps = [Param(k, v) for k, v in {key(k): _param(v) for k, v in flatten(params or {}).items()}.items()]
             self.client.log_batch(rid, metrics=ms, params=ps)
             for artifact, obj in (files or {}).items():
                 self.client.log_dict(rid, obj, artifact)
             for f in tables(folder):
                 self.client.log_artifact(rid, str(f))
         except BaseException as exc:
-            self.client.set_terminated(rid, "FAILED")
+            if rid is not None:
+                try:
+                    self.client.set_terminated(rid, "FAILED")
+                except Exception:
+                    pass
             if isinstance(exc, Exception):      # the run itself finished: say so, in one line
                 raise RuntimeError(f"--track mlflow: the run finished{f' (results in {folder})' if folder else ''}, "
                                    f"but logging it to {self.uri} failed: {_one_line(exc)}") from exc

@@ -204,6 +204,10 @@ ROWS: list[Row] = [
     R("tosca", "--resume", ["--resume", "{run_moved}"],
       "{run_moved}/stages/stage001.json belongs to another run (seed 1993, task 0"),
     R("tosca", "--quiet", ["--quiet=1"], "ignored explicit argument"),
+    # --track: a tracker's name (docs/tracking.md), from the flag or $LAB_TRACK
+    *[R(c, "--track", ["--track", "wandb"], "argument --track: invalid choice: 'wandb'")
+      for c in ("tosca", "aware finetune", "aware ablate", "aware study")],
+    R("tosca", "$LAB_TRACK", [], "$LAB_TRACK wandb: must be one of mlflow, none", env={"LAB_TRACK": "wandb"}),
     # lab aware (the options every action shares, then each action's own)
     R("aware", "(none)", ["nope"], "argument ACTION: invalid choice: 'nope'"),
     *[row for action in AWARE_ACTIONS for row in _aware_common(action)],
