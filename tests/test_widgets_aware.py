@@ -108,3 +108,18 @@ def test_ablation_panel_reselects_masks_live_on_the_runs_saliency(tmp_path):
     p.reset_button.click()
     assert p.result["rho"] == 0.3 and p.result["rule"] == "activation-global" and shown(p) == first
     assert AblationPanel.from_run({"results": res, "run_dir": tmp_path / "none"}).study is None
+
+
+def test_panels_show_percentages_with_one_decimal():
+    import re
+
+    p = MaskPanel(study())
+    shown_pcts = re.findall(r"(\d+(?:\.\d+)?)%", p.status.value)
+    assert shown_pcts and all(re.fullmatch(r"\d+\.\d", x) for x in shown_pcts), p.status.value
+    a = AblationPanel(results_table())
+    assert a.figures[0].data[0].texttemplate == "%{y:.1f}%" and re.search(r"aware</b> \(\d+\.\d\)", a.status.value)
+    a.controls["metric"].value = "trainable_frac"
+    assert list(a.figures[0].data[0].y) == pytest.approx([10.0] * len(a.figures[0].data[0].y))
+    assert "(10.0%)" in a.status.value
+    a.controls["metric"].value = "downstream"
+    assert a.figures[0].data[0].texttemplate != "%{y:.1f}%"          # accuracies keep three decimals

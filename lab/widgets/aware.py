@@ -56,7 +56,7 @@ class MaskPanel(Panel):
                   "overlap_with_reference": mask_overlap(self.reference, common)["jaccard"] if common else float("nan")}
         figs = [figures.frozen_by_layer({f"{rule}, rho={rho:g}": masks},
                                       targets=[t for t in tables.MAIN_TARGETS + ("gate_proj", "up_proj", "down_proj")],
-                                      title=f"frozen fraction of every layer ({rule}, rho={rho:g}, {targets}, {profile})")]
+                                      title=f"% of every layer's rows frozen ({rule}, rho={rho:g}, {targets}, {profile})")]
         rows = self._layers[(self._layers.target == show) & (self._layers.layer == layer)]
         if show in tables.layer_table(masks).target.values:
             figs.append(figures.mask_image(masks, show, title=f"{show}: frozen rows (red), layer x neuron"))
@@ -70,7 +70,7 @@ class MaskPanel(Panel):
         return result, figs
 
     def describe(self, r) -> str:
-        per = ", ".join(f"{k} {v * 100:.0f}%" for k, v in r["by_target"].items() if k != "all targets")
+        per = ", ".join(f"{k} {v * 100:.1f}%" for k, v in r["by_target"].items() if k != "all targets")
         return (f"<b>{r['frozen_fraction'] * 100:.1f}%</b> of target rows frozen ({per}); Jaccard with "
                 f"rho=0.3/global/{self.study.labels[0]}: {r['overlap_with_reference']:.2f}")
 
@@ -140,8 +140,11 @@ class AblationPanel(Panel):
             result = {"group": group, "metric": metric, "table": s, "best": None, "best_value": float("nan")}
         else:
             s = summary(self.results, group)
-            fig = plots.bar(s, x="variant", y=metric, range_y=None,
-                            title=f"{group}: {metric}" + (" (%)" if pct else "") + " per variant, mean over seeds")
+            frac = metric == "trainable_frac"       # a fraction, shown as a percentage
+            fig = plots.bar(s.assign(**{metric: 100 * s[metric]}) if frac else s, x="variant", y=metric, range_y=None,
+                            title=f"{group}: {metric}" + (" (%)" if pct or frac else "") + " per variant, mean over seeds")
+            if pct or frac:                         # percentages with one decimal
+                fig.update_traces(texttemplate="%{y:.1f}%", hovertemplate="%{x}: %{y:.1f}%<extra></extra>")
             if pct:
                 fig.add_hline(y=100, line_dash="dot", line_color="grey")
             ok = s[metric].notna()
@@ -159,7 +162,7 @@ class AblationPanel(Panel):
                            "frozen_fraction": frozen_fraction(masks), "by_target": by_target.to_dict(),
                            "measured": self._measured(rule, rho, targets, profile)})
             figs.append(figures.frozen_by_layer({f"{rule}, rho={rho:g}": masks}, targets=list(tables.ALL_TARGETS),
-                                              title=f"frozen fraction per layer: {rule}, rho={rho:g}, {targets}, "
+                                              title=f"% of each layer's rows frozen: {rule}, rho={rho:g}, {targets}, "
                                                     f"calibration {profile}"))
         return result, figs
 
@@ -182,10 +185,15 @@ class AblationPanel(Panel):
         return {k: float(rows[k].mean()) for k in ("R", "E", "H") if k in rows}
 
     def describe(self, r) -> str:
-        line = (f"{r['group']}: highest {r['metric']} is <b>{r['best']}</b> ({r['best_value']:.3g})" if r["best"]
-                else f"{r['group']}: no finished test run with {r['metric']} yet")
+        if r["best"]:
+            m, v = r["metric"], r["best_value"]
+            shown = (f"{v:.1f}%" if m in ("R", "E") else f"{v:.1f}" if m == "H" else f"{100 * v:.1f}%"
+                     if m == "trainable_frac" else f"{v:.3f}")
+            line = f"{r['group']}: highest {m} is <b>{r['best']}</b> ({shown})"
+        else:
+            line = f"{r['group']}: no finished test run with {r['metric']} yet"
         if "frozen_fraction" in r:
-            per = ", ".join(f"{k} {v * 100:.0f}%" for k, v in r["by_target"].items() if k != "all targets")
+            per = ", ".join(f"{k} {v * 100:.1f}%" for k, v in r["by_target"].items() if k != "all targets")
             m = r["measured"]
             seen = (" — the run measured " + ", ".join(f"{k} {v:.1f}" for k, v in m.items()) if m
                     else " — not fine-tuned in this run")

@@ -90,7 +90,7 @@ def rhe_bars(results, group: str, title: str = ""):
     if len(s) < 2:              # only the shared reference row: the group was not swept
         return _not_run(f"the '{group}' ablation", title)
     long = s.melt(id_vars=["variant"], value_vars=["R", "E", "H"], var_name="metric", value_name="percent")
-    fig = plots.grouped_bar(long, x="variant", y="percent", color="metric", fmt=".0f", title=title)
+    fig = plots.grouped_bar(long, x="variant", y="percent", color="metric", fmt=".1f", title=title)
     fig.add_hline(y=100, line_dash="dot", line_color="grey")
     return fig
 
@@ -104,17 +104,25 @@ def tradeoff(results, title: str = ""):
     rho = s[s.group == "rho"].copy()
     rho["rho"] = rho.variant.str.replace("rho=", "").astype(float)
     rho = rho.sort_values("rho")
-    fig = go.Figure(go.Scatter(x=rho.E, y=rho.R, mode="lines+markers+text", text=[f"ρ={r:g}" for r in rho.rho],
-                               textposition="top center", name="AWARe, rho sweep",
-                               customdata=rho.H, hovertemplate="E %{x:.1f}<br>R %{y:.1f}<br>H %{customdata:.1f}"))
+    # no text on the points (close ones, e.g. LoRA and DoRA, would print over each other): rho is the
+    # markers' colour, every method a legend entry, the numbers in the hover text
+    fig = go.Figure(go.Scatter(x=rho.E, y=rho.R, mode="lines+markers", name="AWARe, rho sweep (colour: ρ)",
+                               marker=dict(size=10, color=rho.rho, colorscale="Viridis",
+                                           colorbar=dict(title="ρ", len=0.5, y=0.25)),
+                               customdata=np.stack([rho.rho, rho.H], axis=-1),
+                               hovertemplate="ρ=%{customdata[0]:g}<br>E %{x:.1f}%<br>R %{y:.1f}%<br>"
+                                             "H %{customdata[1]:.1f}<extra></extra>"))
     others = s[(s.group == "methods") & (s.variant != "aware")]
     palette = px.colors.qualitative.Set2
     for i, r in enumerate(others.itertuples()):
-        fig.add_trace(go.Scatter(x=[r.E], y=[r.R], mode="markers+text", text=[r.variant], textposition="bottom center",
-                                 marker=dict(size=12, symbol="diamond", color=palette[i % len(palette)]), name=r.variant))
+        fig.add_trace(go.Scatter(x=[r.E], y=[r.R], mode="markers", name=r.variant,
+                                 marker=dict(size=12, symbol="diamond", color=palette[i % len(palette)]),
+                                 hovertemplate=f"{r.variant}<br>E %{{x:.1f}}%<br>R %{{y:.1f}}%<br>H {r.H:.1f}"
+                                               "<extra></extra>"))
     fig.update_layout(title=title or "Retention vs efficiency: what each method keeps and learns",
                       xaxis_title="E: downstream accuracy relative to full fine-tuning (%)",
-                      yaxis_title="R: upstream skills retained (%)", height=460)
+                      yaxis_title="R: upstream skills retained (%)", height=500,
+                      legend=dict(orientation="h", yanchor="top", y=-0.18, x=0))   # the colour bar has the right side
     return fig
 
 

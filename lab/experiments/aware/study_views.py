@@ -252,6 +252,74 @@ def learned_sentence(study: dict) -> str:
     return "; ".join(words) + "."
 
 
+def planned_variants(study: dict) -> dict[str, list[str]]:
+    """Per group, the variant ids the study's plan holds (from its manifest's config; empty when the
+    config is not one this code can read), so a view can say which variants have not run yet."""
+    import dataclasses
+
+    from lab.experiments.aware import plan
+
+    cfg = study["manifest"].get("config", {})
+    names = {f.name for f in dataclasses.fields(plan.StudyConfig)}
+
+    def tup(v):
+        return tuple(tup(x) for x in v) if isinstance(v, list) else v
+
+    try:
+        vs = plan.variants(plan.StudyConfig(**{k: tup(v) for k, v in cfg.items() if k in names}))
+    except Exception:   # an older or foreign config: the views then only say what has finished
+        return {}
+    out: dict[str, list[str]] = {}
+    for v in vs:
+        out.setdefault(v.group, []).append(plan.variant_id(v))
+    return out
+
+
+def group_status(study: dict, group: str) -> dict:
+    """What of ``group`` has finished: ``planned`` and ``finished`` variant ids (test runs in the
+    summary), ``missing`` (planned, no test run yet), ``tuning`` (its finished tuning candidates)."""
+    s = study["summary"]
+    finished = list(dict.fromkeys(s[s.group == group].variant)) if len(s) else []
+    planned = planned_variants(study).get(group, finished)
+    t = study.get("tuning")
+    tuned = int(t.variant.str.startswith(group + "/").sum()) if t is not None and len(t) else 0
+    return {"planned": planned, "finished": finished, "missing": [v for v in planned if v not in finished],
+            "tuning": tuned}
+
+
+def group_note(study: dict, group: str) -> str:
+    """One sentence: how much of ``group`` has run (``''`` when every planned variant has)."""
+    st = group_status(study, group)
+    name = GROUP_TITLES.get(group, group)
+    if not st["missing"]:
+        return ""
+    short = lambda v: v.partition("/")[2]  # noqa: E731
+    tuned = f"; {st['tuning']} of its tuning candidates finished" if st["tuning"] else ""
+    if not st["finished"]:
+        n, listed = len(st["planned"]), ", ".join(map(short, st["planned"]))
+        which = f"its variant ({listed}) has no test run" if n == 1 else f"none of its {n} variants ({listed}) has a test run"
+        return f"the {name} group has not run yet: {which}{tuned}"
+    return (f"{name}: {len(st['finished'])} of {len(st['planned'])} variants tested; not run yet: "
+            f"{', '.join(map(short, st['missing']))}")
+
+
+def _wrap(text: str, width: int = 80) -> str:
+    """Plotly annotations do not wrap: break a sentence into lines (``<br>``) of at most ``width`` characters."""
+    import textwrap
+
+    return "<br>".join(textwrap.wrap(text, width, break_on_hyphens=False)) or text
+
+
+def _not_run_figure(note: str, title: str = "", height: int = 220):
+    """A placeholder figure whose title and centred text say what has not run yet."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.add_annotation(text=_wrap(note), showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font=dict(size=14))
+    return fig.update_layout(title=title or note[:1].upper() + note[1:], height=height,
+                             xaxis_visible=False, yaxis_visible=False)
+
+
 def group_rows(study: dict, group: str):
     """The group's variants, the main AWARe run first as the reference of every ablation group."""
     s = study["summary"]
@@ -300,62 +368,103 @@ def table(study: dict, group: str, metrics=("downstream", "R_easy_vqa", "R_probe
 
 
 def bars(study: dict, group: str, metrics=("R", "E", "H"), title: str = ""):
-    """R/E/H per variant with 95 % interval whiskers."""
+    """R/E/H per variant with 95 % interval whiskers (percent, one decimal on hover); a group that
+    has not run yet is a placeholder saying so, and a partly run one names what is missing."""
     import plotly.graph_objects as go
 
+    name = GROUP_TITLES.get(group, group)
     g = group_rows(study, group)
+    note = group_note(study, group)
+    if not len(g) or not (g.group == group).any() or (group != "methods" and len(g.variant.unique()) < 2):
+        return _not_run_figure(note or f"the {name} group has not run yet", title=f"{name}: not run yet")
     fig = go.Figure()
     for m in metrics:
         d = g[(g.metric == m) & g.estimate.notna()]
         labels = [_display_label(r, group) for r in d.to_dict("records")]
         fig.add_bar(name=m, x=labels, y=d.estimate, error_y=dict(type="data", symmetric=False,
                                                                array=d.hi - d.estimate, arrayminus=d.estimate - d.lo),
-                    hovertemplate=m + " %{y:.1f}<extra>%{x}</extra>")
-    fig.update_layout(barmode="group", title=title or f"{GROUP_TITLES.get(group, group)}: R, E, H (95 % intervals)",
-                      yaxis_title="percent", height=420)
+                    customdata=np.stack([d.lo, d.hi], axis=-1) if len(d) else None,
+                    hovertemplate=m + " %{y:.1f}% [%{customdata[0]:.1f}, %{customdata[1]:.1f}]<extra>%{x}</extra>")
+    fig.update_layout(barmode="group", title=title or f"{name}: R, E, H (95 % intervals)",
+                      yaxis_title="percent", yaxis_ticksuffix="%", height=420)
+    if note:   # partly run: say what is missing under the title
+        fig.add_annotation(text=_wrap(note, 110), showarrow=False, x=0, y=1.0, xref="paper", yref="paper", yanchor="bottom",
+                           xanchor="left", font=dict(size=11, color="#57606a"))
+        fig.update_layout(margin=dict(t=120))
     fig.add_hline(y=100, line_dash="dot", line_color="grey")
     return fig
 
 
 def rho_figure(study: dict, title: str = ""):
-    """R, E, H against rho with 95 % interval bands."""
+    """R, E, H against rho with 95 % interval whiskers (a placeholder while the rho group has not run)."""
     import plotly.graph_objects as go
 
     g = group_rows(study, "rho")
+    if not len(g) or not (g.variant != REFERENCE).any():   # only the main run (every group's reference)
+        return _not_run_figure(group_note(study, "rho") or "the rho group has not run yet", title="rho: not run yet")
     g = g.assign(rho=[0.3 if v == REFERENCE else float(lbl.split("=")[1]) for v, lbl in zip(g.variant, g.label)])
     fig = go.Figure()
     for m in ("R", "E", "H"):
-        d = g[g.metric == m].sort_values("rho")
+        d = g[(g.metric == m) & g.estimate.notna()].sort_values("rho")
         fig.add_scatter(x=d.rho, y=d.estimate, mode="lines+markers", name=m,
-                        error_y=dict(type="data", symmetric=False, array=d.hi - d.estimate, arrayminus=d.estimate - d.lo))
+                        error_y=dict(type="data", symmetric=False, array=d.hi - d.estimate, arrayminus=d.estimate - d.lo),
+                        customdata=np.stack([d.lo, d.hi], axis=-1) if len(d) else None,
+                        hovertemplate=f"rho %{{x:g}}: {m} %{{y:.1f}}% [%{{customdata[0]:.1f}}, %{{customdata[1]:.1f}}]"
+                                      "<extra></extra>")
     fig.update_layout(title=title or "R, E and H over rho (95 % intervals)", xaxis_title="rho (fraction of target rows frozen)",
-                      yaxis_title="percent", height=420)
+                      yaxis_title="percent", yaxis_ticksuffix="%", height=420)
+    note = group_note(study, "rho")
+    if note:
+        fig.add_annotation(text=_wrap(note, 110), showarrow=False, x=0, y=1.0, xref="paper", yref="paper", yanchor="bottom",
+                           xanchor="left", font=dict(size=11, color="#57606a"))
+        fig.update_layout(margin=dict(t=120))
     return fig
 
 
+GROUP_SYMBOLS = ("circle", "diamond", "square", "triangle-up", "cross", "x", "star", "pentagon", "hexagon")
+
+
 def tradeoff(study: dict, title: str = ""):
-    """E against R for every variant (95 % intervals both ways)."""
+    """E against R for every variant (95 % intervals both ways). No text labels on the points (close
+    variants such as LoRA and DoRA would print over each other): every variant is a legend entry,
+    grouped by its ablation group (one colour per group, one symbol per variant), and its hover text
+    gives R, E and H with their intervals."""
+    import plotly.express as px
     import plotly.graph_objects as go
 
     s = study["summary"]
-    s = s[s.metric.isin(["R", "E"]) & s.estimate.notna()]
+    s = s[s.metric.isin(["R", "E", "H"]) & s.estimate.notna()]
     fig = go.Figure()
     piv = s.pivot_table(index=["variant", "label", "group"], columns="metric", values=["estimate", "lo", "hi"], sort=False)
     if not len(s) or "E" not in piv["estimate"] or "R" not in piv["estimate"]:
-        return fig.update_layout(title="no variant has both R and E yet (E is ranked only for variants that learned)",
-                                 height=200)
-    piv = piv.dropna()
-    for grp in dict.fromkeys(s.group):
+        why = ("no test run has finished yet" if not len(study["summary"]) else
+               "no variant has both R and E yet (E is ranked only for variants that learned)")
+        return _not_run_figure(why, title="What each variant keeps (R) and learns (E): nothing to show yet")
+    piv = piv[piv["estimate"][["E", "R"]].notna().all(axis=1)]
+    palette = px.colors.qualitative.D3
+    for gi, grp in enumerate(dict.fromkeys(s.group)):
         d = piv[piv.index.get_level_values("group") == grp]
-        if not len(d):
-            continue
-        e, r = d["estimate"]["E"], d["estimate"]["R"]
-        fig.add_scatter(x=e, y=r, mode="markers+text", name=grp, text=d.index.get_level_values("label"),
-                        textposition="top center",
-                        error_x=dict(type="data", symmetric=False, array=d["hi"]["E"] - e, arrayminus=e - d["lo"]["E"]),
-                        error_y=dict(type="data", symmetric=False, array=d["hi"]["R"] - r, arrayminus=r - d["lo"]["R"]))
+        for vi, ((v, lbl, _), r) in enumerate(d.iterrows()):
+            e, rr = r[("estimate", "E")], r[("estimate", "R")]
+            h = r.get(("estimate", "H"), float("nan"))
+            hl, hh = r.get(("lo", "H"), float("nan")), r.get(("hi", "H"), float("nan"))
+            hover = (f"<b>{v}</b><br>E {e:.1f}% [{r[('lo', 'E')]:.1f}, {r[('hi', 'E')]:.1f}]"
+                     f"<br>R {rr:.1f}% [{r[('lo', 'R')]:.1f}, {r[('hi', 'R')]:.1f}]"
+                     + (f"<br>H {h:.1f} [{hl:.1f}, {hh:.1f}]" if np.isfinite(h) else ""))
+            main = v == REFERENCE
+            fig.add_scatter(x=[e], y=[rr], mode="markers", name=lbl + (" (main)" if main else ""),
+                            legendgroup=grp, legendgrouptitle_text=GROUP_TITLES.get(grp, grp),
+                            marker=dict(color=palette[gi % len(palette)], size=14 if main else 10,
+                                        symbol=GROUP_SYMBOLS[vi % len(GROUP_SYMBOLS)],
+                                        line=dict(width=2 if main else 1, color="black" if main else "white")),
+                            error_x=dict(type="data", symmetric=False, array=[r[("hi", "E")] - e],
+                                         arrayminus=[e - r[("lo", "E")]], thickness=1),
+                            error_y=dict(type="data", symmetric=False, array=[r[("hi", "R")] - rr],
+                                         arrayminus=[rr - r[("lo", "R")]], thickness=1),
+                            hovertext=[hover], hovertemplate="%{hovertext}<extra></extra>")
     fig.update_layout(title=title or "What each variant keeps (R) and learns (E), 95 % intervals",
-                      xaxis_title="E (%)", yaxis_title="R (%)", height=500)
+                      xaxis_title="E (%)", yaxis_title="R (%)", xaxis_ticksuffix="%", yaxis_ticksuffix="%",
+                      height=520, legend=dict(groupclick="toggleitem", tracegroupgap=6))
     return fig
 
 
@@ -420,22 +529,56 @@ def continual_comparisons(study: dict):
     return out
 
 
+CONTINUAL_METRICS = {"Avg": "Avg", "Last": "Last", "BWT": "BWT", "R_after": "R after"}
+
+
+def continual_findings(study: dict):
+    """The continual sequence's paired differences as one short table: a row per pair of protocols,
+    a column per metric, each cell ``difference [95 % interval]`` and one word (accuracy metrics in
+    points, R after in R points)."""
+    import pandas as pd
+
+    from lab.experiments.aware.intervals import spans_zero
+
+    cc = study.get("continual_comparisons")
+    if cc is None or not len(cc):
+        return _empty("the continual sequence has not run yet")
+    rows = {}
+    for r in cc.itertuples():
+        k = 1 if r.metric == "R_after" else 100
+        key = (r.a, r.b)
+        row = rows.setdefault(key, {"compared (a − b)": f"{PROTOCOL_NAMES.get(r.a, r.a)} − {PROTOCOL_NAMES.get(r.b, r.b)}"})
+        e, lo, hi = k * r.estimate, k * r.lo, k * r.hi
+        if not np.isfinite(e):
+            row[CONTINUAL_METRICS.get(r.metric, r.metric)] = "not measured"
+            continue
+        word = "no difference detected" if spans_zero(lo, hi) else ("a higher" if e > 0 else "a lower")
+        row[CONTINUAL_METRICS.get(r.metric, r.metric)] = f"{e:+.1f} [{lo:+.1f}, {hi:+.1f}]: {word}"
+    out = pd.DataFrame(list(rows.values()))
+    cols = ["compared (a − b)"] + [c for c in CONTINUAL_METRICS.values() if c in out.columns]
+    return out[cols]
+
+
+FACET_NAMES = {"full": "full fine-tuning", "aware (paper: upstream saliency)": "AWARe, paper's protocol<br>(upstream saliency)",
+               "aware + replay saliency (extension)": "AWARe + replay saliency<br>(this project's extension)"}
+
+
 def continual_figure(study: dict, title: str = ""):
     """Accuracy on each task after each stage, mean over seeds, one panel per protocol."""
     import plotly.express as px
 
     df = study.get("continual")
     if df is None or not len(df):
-        import plotly.graph_objects as go
-
-        return go.Figure().update_layout(title="the continual sequence has not run yet", height=200)
+        return _not_run_figure("the continual sequence has not run yet", title="Continual sequence: not run yet")
     df = df[~df.task.str.startswith("upstream:")]
     g = df.groupby(["label", "stage", "stage_task", "task"], sort=False).acc.mean().reset_index()
     g["after stage"] = [f"{s + 1}: {t}" for s, t in zip(g.stage, g.stage_task)]
-    fig = px.line(g, x="after stage", y="acc", color="task", facet_col="label", markers=True, range_y=(0, 1.02),
-                  title=title or "Continual sequence: accuracy on each task after each stage (mean over seeds)")
+    g["protocol"] = [FACET_NAMES.get(x, x) for x in g.label]   # two short lines each: facet titles never collide
+    fig = px.line(g, x="after stage", y="acc", color="task", facet_col="protocol", markers=True, range_y=(0, 1.02),
+                  title=title or "Continual sequence: accuracy on each task after each stage (mean over seeds)",
+                  hover_data={"acc": ":.3f", "protocol": False})
     fig.for_each_annotation(lambda a: a.update(text=a.text.partition("=")[2]))
-    fig.update_layout(height=400, yaxis_title="accuracy")
+    fig.update_layout(height=430, yaxis_title="accuracy", margin=dict(t=110))
     return fig
 
 
@@ -446,7 +589,14 @@ def noise(study: dict):
         return _empty("no test runs finished yet")
     s = s[s.estimate.notna()]
     w = s.assign(width=s.hi - s.lo).groupby("metric").width.agg(["median", "max"])
-    return w.rename(columns={"median": "median 95% width", "max": "widest"}).round(3)
+    import pandas as pd
+
+    # accuracies (0-1) with three decimals, R/E/H (percent, H points) with one
+    acc = [m in ("downstream", "up_easy_vqa", "up_probe") or not m.startswith(("R", "E", "H")) for m in w.index]
+    fmt = lambda xs: [f"{x:.3f}" if a else f"{x:.1f}" for x, a in zip(xs, acc)]  # noqa: E731
+    return pd.DataFrame({"unit": ["accuracy (0-1)" if a else "H points" if m == "H" else "percent"
+                                  for m, a in zip(w.index, acc)],
+                         "median 95% width": fmt(w["median"]), "widest": fmt(w["max"])}, index=w.index)
 
 
 def readme_table(study: dict) -> str:

@@ -332,3 +332,163 @@ def test_majority_rate_of_the_fixed_test_questions():
     if rate is None:
         pytest.skip("fashion_mnist_mini not available here")
     assert 1 / 10 <= rate <= 1 and (rate * 16).is_integer()
+
+
+# ---------------------------------------------------------------- legibility of the figures and prose
+
+
+def test_mask_heatmaps_are_two_discrete_colours_with_a_legend_and_projector_rows_of_their_own():
+    masks = select(scores(), 0.3)
+    fig = figures.mask_image(masks)
+    ca = fig.layout.coloraxis
+    assert ca.showscale is False                                  # no continuous colour bar
+    stops = [tuple(x) for x in ca.colorscale]
+    assert len({c for _, c in stops}) == 2 and (0.5, stops[1][1]) in stops and (0.5, stops[2][1]) in stops
+    legend = [t for t in fig.data if t.type == "scatter"]
+    assert [t.name for t in legend] == ["trainable", "frozen"] and all(t.showlegend for t in legend)
+    assert {t.marker.color for t in legend} == {c for _, c in stops}
+    heat = {t.yaxis: t for t in fig.data if t.type == "heatmap"}
+    assert list(heat["y4"].y) == ["projector Linear 1", "projector Linear 2"]  # not language-model layers 0, 1
+    assert list(heat["y"].y) == ["0", "1", "2"]
+
+
+def test_frozen_by_layer_draws_the_projector_in_its_own_panel_in_percent():
+    masks = select(scores(), 0.3)
+    fig = figures.frozen_by_layer({"global": masks, "balanced": select(scores(), 0.3, "activation-balanced")})
+    by = {(t.name, t.xaxis) for t in fig.data}
+    proj_axes = {ax for n, ax in by if n == "projector"}
+    lm_axes = {ax for n, ax in by if n != "projector"}
+    assert proj_axes and lm_axes and not proj_axes & lm_axes          # never on the language model's layer axis
+    proj = next(t for t in fig.data if t.name == "projector")
+    assert list(proj.x) == ["Linear 1", "Linear 2"] and max(proj.y) <= 100
+    assert sum(t.showlegend is not False for t in fig.data) == 4      # one legend entry per target
+    assert "%{y:.1f}%" in proj.hovertemplate
+    assert len(figures.frozen_by_layer({"g": {k: v for k, v in masks.items() if "projector" not in k}}).data) == 3
+
+
+def test_calibration_size_figure_labels_reference_lines_in_the_legend_not_on_the_plot():
+    st = study()
+    st.n_samples = {"upstream-8": 8, "proxy-8": 8}
+    agree, _ = tables.calibration_agreement(st, 0.3, "upstream-8")
+    fig = figures.calibration_size_figure(agree)
+    assert not fig.layout.annotations
+    names = [t.name for t in fig.data]
+    assert any(n.startswith("proxy-8: ") for n in names) and any(n.startswith("chance") for n in names)
+
+
+def test_random_jaccard_is_rho_over_two_minus_rho_and_matches_random_masks():
+    for rho in (0.1, 0.3, 0.5):
+        assert prose.random_jaccard(rho) == pytest.approx(rho / (2 - rho))
+        g = torch.Generator().manual_seed(0)
+        a, b = (torch.rand(200_000, generator=g) < rho for _ in range(2))
+        assert float((a & b).sum() / (a | b).sum()) == pytest.approx(prose.random_jaccard(rho), abs=0.01)
+    assert math.isnan(prose.random_jaccard(0.0))
+
+
+def test_the_calibration_verdict_is_chosen_by_the_numbers():
+    c = prose.random_jaccard(0.3)
+    assert prose.calibration_verdict(0.94, 0.3)[0] == "mostly generic"
+    assert prose.calibration_verdict(c + 0.6 * (1 - c), 0.3)[0] == "largely generic"
+    assert prose.calibration_verdict(c + 0.3 * (1 - c), 0.3)[0] == "partly data-specific"
+    assert prose.calibration_verdict(c, 0.3)[0] == "data-specific"
+    assert prose.calibration_verdict(0.5, 0.0)[0] == "not measurable"
+    share = prose.calibration_verdict(0.94, 0.3)[3]
+    assert share == pytest.approx((0.94 - c) / (1 - c))
+
+
+def test_calibration_reading_states_the_measured_and_the_random_jaccard():
+    st = study()
+    st.n_samples = {"upstream-8": 8, "proxy-8": 8}
+    f = prose.saliency_findings(st, rho=0.3)
+    text = prose.calibration_reading(f, st)
+    verdict = prose.calibration_verdict(f["jaccard_proxy-8"], 0.3)[0]
+    assert f"**Upstream vs proxy masks: {verdict}.**" in text
+    assert f"{f['jaccard_proxy-8']:.2f}" in text and f"{prose.random_jaccard(0.3):.2f}" in text
+    assert f"{100 * f['overlap_proxy-8']:.1f}%" in text and "nan" not in text
+    assert verdict[1:] in prose.describe_saliency(f, st)
+    one = study(n_profiles=1)
+    one.n_samples = {"upstream-8": 8}
+    assert "No proxy" in prose.calibration_reading(prose.saliency_findings(one, rho=0.3), one)
+
+
+def test_ablation_tradeoff_has_no_text_labels_on_its_points():
+    fig = ablation_views.tradeoff(results_table())
+    assert all(t.mode and "text" not in t.mode for t in fig.data)
+    assert all(not t.text for t in fig.data)
+
+
+def fake_study(complete: bool = False) -> dict:
+    """The tables of a partly run study, shaped like lab.experiments.aware.study_views.load_study's:
+    four methods (LoRA and DoRA nearly on top of each other) and one rule of the smoke plan."""
+    import json
+    from dataclasses import asdict
+
+    from lab.experiments.aware import plan
+
+    spec = {"methods/full": ("methods", "full", 60.0, 100.0), "methods/lora": ("methods", "lora", 85.0, 95.0),
+            "methods/dora": ("methods", "dora", 85.2, 94.9), "methods/aware": ("methods", "aware", 95.0, 97.0),
+            "rule/random": ("rule", "random", 70.0, 99.0)}
+    rows = []
+    for v, (g, lbl, r, e) in spec.items():
+        for m, x in (("R", r), ("E", e), ("H", 2 * r * e / (r + e)), ("downstream", e / 100)):
+            d = 0.01 if m == "downstream" else 1.0
+            rows.append({"variant": v, "group": g, "label": lbl, "method": lbl, "lr": 1e-4, "trainable_frac": 0.175,
+                         "seeds": 2, "learned": True, "diverged": False, "metric": m, "estimate": x,
+                         "lo": x - d, "hi": x + d})
+    cc = pd.DataFrame([{"a": "aware (paper: upstream saliency)", "b": "full", "metric": m, "estimate": x,
+                        "lo": x - s, "hi": x + s}
+                       for m, x, s in (("Avg", 0.05, 0.04), ("Last", 0.01, 0.02), ("BWT", -0.03, 0.01),
+                                       ("R_after", 12.0, 3.0))])
+    return {"manifest": {"config": json.loads(json.dumps(asdict(plan.PRESETS["smoke"]))), "complete": complete},
+            "summary": pd.DataFrame(rows), "tuning": pd.DataFrame({"variant": ["rho/rho=0"]}),
+            "comparisons": pd.DataFrame(), "continual_comparisons": cc}
+
+
+def test_study_tradeoff_is_one_legend_entry_per_variant_and_no_text_on_the_points():
+    from lab.experiments.aware import study_views
+
+    fig = study_views.tradeoff(fake_study())
+    assert [t.name for t in fig.data] == ["full", "lora", "dora", "aware (main)", "random"]
+    assert all(t.mode == "markers" and not t.text for t in fig.data)      # LoRA and DoRA cannot print over each other
+    assert [t.legendgroup for t in fig.data] == ["methods"] * 4 + ["rule"]
+    lora, dora = fig.data[1], fig.data[2]
+    assert lora.marker.symbol != dora.marker.symbol
+    assert "R 85.0% [84.0, 86.0]" in lora.hovertext[0] and "E 94.9%" in dora.hovertext[0]
+
+
+def test_study_views_say_which_groups_and_variants_have_not_run_yet():
+    from lab.experiments.aware import study_views
+
+    st = fake_study()
+    rule = study_views.bars(st, "rule")                                   # partly run: what is missing is named
+    assert rule.data and "not run yet: activation-balanced, weight-norm" in rule.layout.annotations[0].text
+    targets = study_views.bars(st, "targets")                             # not run at all: a placeholder
+    assert not targets.data and targets.layout.title.text == "targets: not run yet"
+    assert "its variant (qkv) has no test run" in targets.layout.annotations[0].text
+    rho = study_views.rho_figure(st)
+    assert not rho.data and "1 of its tuning candidates finished" in rho.layout.annotations[0].text.replace("<br>", " ")
+    assert "%{y:.1f}%" in study_views.bars(st, "methods").data[0].hovertemplate
+    text = prose.describe_study(st)
+    assert "not run yet: methods (2 of 6 variants)" in text and "calibration set (1 of 1 variant)" in text
+
+
+def test_continual_findings_are_one_short_table():
+    from lab.experiments.aware import study_views
+
+    st = fake_study()
+    t = study_views.continual_findings(st)
+    assert list(t.columns) == ["compared (a − b)", "Avg", "Last", "BWT", "R after"] and len(t) == 1
+    row = t.iloc[0]
+    assert row["compared (a − b)"] == "AWARe (paper's protocol) − full fine-tuning"
+    assert row.Avg == "+5.0 [+1.0, +9.0]: a higher" and row.Last.endswith("no difference detected")
+    assert row.BWT.endswith("a lower") and row["R after"] == "+12.0 [+9.0, +15.0]: a higher"   # R points, not x100
+    text = prose.describe_study(st)
+    assert "| compared (a − b) | Avg | Last | BWT | R after |" in text and "+5.0 [+1.0, +9.0]: a higher" in text
+
+
+def test_noise_shows_percent_metrics_with_one_decimal_and_accuracies_with_three():
+    from lab.experiments.aware import study_views
+
+    n = study_views.noise(fake_study())
+    assert n.loc["R", "median 95% width"] == "2.0" and n.loc["downstream", "widest"] == "0.020"
+    assert n.loc["H", "unit"] == "H points" and n.loc["E", "unit"] == "percent"
