@@ -200,6 +200,49 @@ def test_aware_finetune_logs_the_loss_per_step(mlflow_store):
     assert [a.path for a in mlflow.MlflowClient().list_artifacts(rid)] == ["result.json"]
 
 
+def test_aware_ablate_and_study_log_a_summary_run_with_one_child_per_variant_and_seed(mlflow_store, tmp_path):
+    """What `lab aware ablate` and `lab aware study` log, from the tables they return (hand-made
+    here, in their columns) and the folder they wrote."""
+    import mlflow
+    import pandas as pd
+
+    from lab import tracking
+
+    rows = [{"group": "methods", "variant": v, "method": v, "seed": s, "task": "fashion", "downstream": d,
+             "up_easy_vqa": 0.4, "up_probe": 0.5, "R": 90.0 + s, "E": 50.0, "H": 64.0, "trainable_frac": 0.1}
+            for v, d in (("full", 0.8), ("aware", 0.7)) for s in (0, 1)]
+    folder = tmp_path / "ablate"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"task": "fashion", "seeds": [0, 1], "timings": {"total_s": 1}}')
+    (folder / "masks_methods_aware.safetensors").write_bytes(b"x")
+    out = {"results": pd.DataFrame(rows), "run_dir": folder, "timings": {"total_s": 12.5}}
+    rid = tracking.log_aware_ablate(tracking.start("mlflow", "lab aware ablate"), out)
+    client = mlflow.MlflowClient()
+    run = client.get_run(rid)
+    assert run.data.params == {"task": "fashion", "seeds": "[0, 1]"}
+    assert run.data.metrics["methods/aware/R"] == 90.5 and run.data.metrics["timings/total_s"] == 12.5
+    assert [a.path for a in client.list_artifacts(rid)] == ["config.json"]
+    kids = mlflow.search_runs(experiment_names=["lab aware ablate"], filter_string=f"tags.mlflow.parentRunId = '{rid}'")
+    assert sorted(kids["tags.mlflow.runName"]) == ["methods aware seed 0", "methods aware seed 1",
+                                                  "methods full seed 0", "methods full seed 1"]
+    assert set(kids["metrics.downstream"]) == {0.7, 0.8} and set(kids["params.task"]) == {"fashion"}
+
+    study = tmp_path / "study"
+    study.mkdir()
+    pd.DataFrame(rows).to_csv(study / "runs.csv", index=False)
+    summary = pd.DataFrame({"variant": ["methods/aware"], "metric": ["R"], "estimate": [90.5], "lo": [90.0], "hi": [91.0]})
+    res = {"runs": pd.DataFrame(rows), "summary": summary, "out": study,
+           "manifest": {"command": "lab aware study --preset smoke", "config": {"seeds": [0, 1]}, "wall_s": 3.0,
+                        "complete": True}}
+    rid = tracking.log_aware_study(tracking.start("mlflow", "lab aware study"), res, "smoke")
+    run = client.get_run(rid)
+    assert run.data.params == {"config.seeds": "[0, 1]", "preset": "smoke", "complete": "True"}
+    assert run.data.metrics == {"methods/aware/R/estimate": 90.5, "methods/aware/R/lo": 90.0,
+                                "methods/aware/R/hi": 91.0, "wall_s": 3.0}
+    assert run.data.tags["lab.command"] == "lab aware study --preset smoke"
+    assert len(mlflow.search_runs(experiment_names=["lab aware study"])) == 1 + 4
+
+
 @pytest.mark.slow
 def test_lab_tosca_track_mlflow_logs_params_per_task_metrics_and_tables(mlflow_store, tmp_path):
     """A real `lab tosca --track mlflow` (the untrained ViT-Tiny at 32 px, 2 tasks, 1 epoch each)
