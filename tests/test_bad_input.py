@@ -61,7 +61,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-_FREE_PORT = _free_port()   # where no rank listens
 
 
 def _aware_common(action: str) -> list[Row]:
@@ -277,8 +276,8 @@ ROWS: list[Row] = [
     R("aware finetune", "$WORLD_SIZE", ["--size", "smoke"], "$WORLD_SIZE 2: one of 2 launched processes, but $RANK "
       "and $MASTER_ADDR are not set", env={"WORLD_SIZE": "2"}),
     R("aware finetune", "$WORLD_SIZE", ["--size", "smoke"],
-      f"$WORLD_SIZE 2: rank 0 waited 2 s at 127.0.0.1:{_FREE_PORT} and the other 1 process(es) did not join",
-      env={"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_FREE_PORT),
+      f"$WORLD_SIZE 2: rank 0 waited 2 s at 127.0.0.1:{{free_port}} and the other 1 process(es) did not join",
+      env={"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{free_port}",
            "LAB_DIST_TIMEOUT": "2"}, bound=20),
     R("aware finetune", "$LAB_DIST_TIMEOUT", ["--size", "smoke"], "$LAB_DIST_TIMEOUT abc: must be a finite number > 0",
       env={"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "LAB_DIST_TIMEOUT": "abc"}),
@@ -448,7 +447,9 @@ def sandbox(tmp_path_factory) -> dict[str, str]:
         ro.mkdir()
         ro.chmod(0o555)
         paths["unwritable"] = ro
-    return {k: str(v) for k, v in paths.items()}
+    # where no rank listens; filled in at run time, so the test ids (which every xdist worker must
+    # collect identically) never hold a random number
+    return {**{k: str(v) for k, v in paths.items()}, "free_port": str(_free_port())}
 
 
 def _fill(text: str, sandbox: dict) -> str:
