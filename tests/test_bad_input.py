@@ -375,6 +375,7 @@ ROWS: list[Row] = [
     R("aware profile", "--n", ["--calib", "proxy", "--n", "99999999999999999999"], "must be an integer >= 1 and <= 1000000"),
     R("aware tune", "--n-val", ["--n-val", "99999999999999999999"], "must be an integer >= 1 and <= 1000000"),
     R("aware tune", "--run-dir", ["--run-dir", ""], "--run-dir '': must be a folder path"),
+    R("aware finetune", "--save", ["--save", ""], "--save '': must be a folder path"),
     R("aware profile", "--out", ["--out", ""], "--out '': must be a file path"),
     R("features", "--cache-dir", ["--cache-dir", ""], "--cache-dir '': must be a folder path"),
     # lab jupyter (nothing starts: the checks come first)

@@ -104,6 +104,8 @@ NO_TORCH_ERRORS = [
     ["tosca", "--engine", "cuda_graph"], ["tosca", "--seeds", "1", "1"],
     ["aware", "nope"], ["aware", "finetune", "--method", "nope"], ["aware", "finetune", "--rule", "nope"],
     ["aware", "finetune", "--size", "huge"], ["aware", "ablate", "--groups", "nope"], ["aware", "study", "--preset", "x"],
+    ["aware", "finetune", "--rho", "2"], ["aware", "finetune", "--seed", "-1"], ["aware", "finetune", "--lr", "1e30"],
+    ["aware", "finetune", "--steps", "0"], ["aware", "finetune", "--save", ""],
     ["report", "--params", "huge"], ["report", "--timeout", "-1"],
     ["features", "--splits", "val"], ["features", "--batch-size", "0"], ["jupyter", "--port", "-1"],
 ]

@@ -131,8 +131,9 @@ STEPS_MAX = 1_000_000      # --steps (the shipped study: 64 per run)
 SAMPLES_MAX = 1_000_000    # --n, --n-val (calibration / validation questions)
 
 
-def check_common(args) -> None:
-    """The options every `lab aware` action shares (one line naming the first bad one)."""
+def check_common(args, *, cheap_only: bool = False) -> None:
+    """The options every `lab aware` action shares (one line naming the first bad one);
+    ``cheap_only``: only those that need no torch (the caller runs :func:`check_model_args` later)."""
     import os
 
     from lab import _validate as V
@@ -153,10 +154,17 @@ def check_common(args) -> None:
     for flag in ("lr", "lr_aware", "lr_projector", "lr_adapter"):
         if getattr(args, flag) is not None:
             V.learning_rate("--" + flag.replace("_", "-"), getattr(args, flag))   # the same check as TrainConfig's
-    _size(args)
     if args.dtype is not None and args.model is None:
         raise V.bad("--dtype", args.dtype, "applies to a transformers LLaVA (--model); the mini-LLaVA runs in float32")
-    if args.model is not None:      # last: a hub id costs one short HEAD request
+    if not cheap_only:
+        check_model_args(args)
+
+
+def check_model_args(args) -> None:
+    """The checks of :func:`check_common` that import torch: the size preset with its overrides
+    (TrainConfig) and the --model id (one short HEAD request for a hub id)."""
+    _size(args)
+    if args.model is not None:
         from lab.experiments.aware.hub_llava import check
 
         check(args.model)
@@ -268,23 +276,15 @@ def cmd_profile(args) -> int:
 
 
 def cmd_finetune(args) -> int:
-    from lab import _validate as V
-    from lab.aware.config import AwareConfig
-    from lab.aware.masking import check_rho
-    from lab.aware.methods import MethodSpec, uses_saliency
-    from lab.aware.saliency import profile
-    from lab.experiments.aware.ablate import Variant, run_variant
-    from lab.experiments.aware.checks import check_targets
-    from lab.experiments.aware.context import MAIN, upstream
-    from lab.experiments.aware.profiling import calibration_batches
+    import math
 
-    check_common(args)
-    try:
-        check_rho(args.rho)
-    except ValueError:
-        raise V.bad("--rho", args.rho, "must be a number in [0, 1]") from None
+    from lab import _validate as V
+
+    check_common(args, cheap_only=True)     # the checks that need no torch first: a typo answers at once
+    if not (isinstance(args.rho, (int, float)) and math.isfinite(args.rho) and 0 <= args.rho <= 1):
+        raise V.bad("--rho", args.rho, "must be a number in [0, 1]")    # as lab.aware.masking.check_rho
     V.seed("--seed", args.seed)
-    if args.save:
+    if args.save is not None:     # "" is refused, not read as "do not save"
         V.out_dir("--save", args.save)
         if args.model:
             from pathlib import Path
@@ -293,6 +293,15 @@ def cmd_finetune(args) -> int:
             if src.exists() and (dst == src or src in dst.parents or dst in src.parents):
                 raise V.bad("--save", args.save, f"is (or holds, or is inside) the input checkpoint --model "
                                                  f"{args.model}: saving there would overwrite it; give another folder")
+    from lab.aware.config import AwareConfig
+    from lab.aware.methods import MethodSpec, uses_saliency
+    from lab.aware.saliency import profile
+    from lab.experiments.aware.ablate import Variant, run_variant
+    from lab.experiments.aware.checks import check_targets
+    from lab.experiments.aware.context import MAIN, upstream
+    from lab.experiments.aware.profiling import calibration_batches
+
+    check_model_args(args)
     check_targets(args.targets, model=args.model)     # last: it builds the model's skeleton (a few seconds)
     aware = AwareConfig(rho=args.rho, rule=args.rule, targets=args.targets)   # validates before work
     from lab import tracking
@@ -328,7 +337,7 @@ def cmd_finetune(args) -> int:
           f"{before['easy_vqa']:.3f} -> {row['up_easy_vqa']:.3f}, probe {before['probe']:.3f} -> "
           f"{row['up_probe']:.3f}; R {row['R']:.1f}; trainable {row['trainable_frac'] * 100:.1f}%; "
           f"{row['step_s']:.2f} s/step")
-    if args.save:
+    if args.save is not None:     # "" is refused, not read as "do not save"
         info["model"].save_pretrained(args.save)
         if getattr(ctx.enc, "processor", None) is not None:    # a transformers LLaVA: loadable as it was
             ctx.enc.processor.save_pretrained(args.save)
