@@ -76,7 +76,10 @@ def _aware_common(action: str) -> list[Row]:
         R(c, "--lr-projector", ["--lr-projector", "0"], "--lr-projector 0.0: must be a finite number > 0"),
         R(c, "--lr-adapter", ["--lr-adapter", "-1"], "--lr-adapter -1.0: must be a finite number > 0"),
         R(c, "--model", ["--model", "{file}"], "--model {file}: is a file; give a LLaVA checkpoint folder"),
-        R(c, "--dtype", ["--dtype", "bf16"], "--dtype bf16: applies to a transformers LLaVA (--model)"),
+        R(c, "--batch-size", ["--batch-size", "0"], "--batch-size 0: must be an integer >= 1"),
+        R(c, "--n-probe", ["--n-probe", "321"], "--n-probe 321: the text probe has 320 questions"),
+        R(c, "--n-easy-eval", ["--n-easy-eval", "9674"], "--n-easy-eval 9674: easy-VQA has 9673 test questions"),
+        R(c, "--n-eval", ["--n-eval", "0"], "--n-eval 0: must be an integer >= 1"),
     ]
 
 

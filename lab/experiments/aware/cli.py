@@ -34,7 +34,17 @@ def register(subparsers) -> None:
                        help="a transformers LLaVA instead of the mini-LLaVA: hub id (e.g. llava-hf/llava-1.5-7b-hf; "
                             "needs internet or the hub cache) or a local folder")
         q.add_argument("--dtype", default=None, choices=["bf16", "fp16", "fp32"],
-                       help="weights of --model (default bf16 on CUDA, fp32 on the CPU)")
+                       help="weights while training and scoring (--model: default bf16 on CUDA, fp32 on the CPU; "
+                            "the mini-LLaVA: default fp32, its projector aligned in fp32 either way; "
+                            "docs/aware.md, 'Precision', has bf16's measured cost in accuracy)")
+        q.add_argument("--batch-size", type=int, default=None,
+                       help="training questions per step (default: the preset's; the shipped study: 16)")
+        q.add_argument("--n-eval", type=int, default=None,
+                       help="downstream test questions (default: the preset's; the shipped study: 400)")
+        q.add_argument("--n-easy-eval", type=int, default=None,
+                       help="easy-VQA test questions, upstream retention (default: the preset's; the shipped study: 600)")
+        q.add_argument("--n-probe", type=int, default=None,
+                       help="text-probe questions, upstream retention (default: the preset's; at most 320, the shipped study's)")
 
     q = sub.add_parser("profile", help="saliency of every target neuron on a calibration set (safetensors)")
     common(q)
@@ -45,7 +55,11 @@ def register(subparsers) -> None:
     q.add_argument("--out", default=None, help="output .safetensors (default: a new run directory)")
     q.set_defaults(func=cmd_profile)
 
-    q = sub.add_parser("finetune", help="fine-tune one method on one downstream task; print upstream retention")
+    q = sub.add_parser("finetune", help="fine-tune one method on one downstream task; print upstream retention",
+                       epilog="The --size default budget (24 steps x 8) is a quick look; the shipped study's budget, "
+                              "in which full fine-tuning learns the task and forgets, is --steps 64 --batch-size 16 "
+                              "with each method's rate chosen on validation questions (results/aware/README.md, "
+                              "'Learning-rate candidates'), e.g. lab aware finetune --method full --steps 64 --batch-size 16 --lr 8e-6")
     common(q)
     q.add_argument("--method", default="aware", choices=AWARE_METHODS)
     q.add_argument("--task", default="fashion", choices=AWARE_TASKS)
@@ -129,6 +143,7 @@ def executor_args(q) -> None:
 
 STEPS_MAX = 1_000_000      # --steps (the shipped study: 64 per run)
 SAMPLES_MAX = 1_000_000    # --n, --n-val (calibration / validation questions)
+PROBE_MAX = 320            # the packaged text probe's questions (lab/experiments/aware/tasks.py)
 
 
 def check_common(args, *, cheap_only: bool = False) -> None:
@@ -154,8 +169,11 @@ def check_common(args, *, cheap_only: bool = False) -> None:
     for flag in ("lr", "lr_aware", "lr_projector", "lr_adapter"):
         if getattr(args, flag) is not None:
             V.learning_rate("--" + flag.replace("_", "-"), getattr(args, flag))   # the same check as TrainConfig's
-    if args.dtype is not None and args.model is None:
-        raise V.bad("--dtype", args.dtype, "applies to a transformers LLaVA (--model); the mini-LLaVA runs in float32")
+    for flag in ("batch_size", "n_eval", "n_easy_eval", "n_probe"):
+        if getattr(args, flag, None) is not None:
+            V.count("--" + flag.replace("_", "-"), getattr(args, flag), maximum=SAMPLES_MAX)
+    if getattr(args, "n_probe", None) is not None and args.n_probe > PROBE_MAX:
+        raise V.bad("--n-probe", args.n_probe, f"the text probe has {PROBE_MAX} questions: give 1..{PROBE_MAX}")
     if not cheap_only:
         check_model_args(args)
 
@@ -164,10 +182,32 @@ def check_model_args(args) -> None:
     """The checks of :func:`check_common` that import torch: the size preset with its overrides
     (TrainConfig) and the --model id (one short HEAD request for a hub id)."""
     _size(args)
+    _check_set_sizes(args)
     if args.model is not None:
         from lab.experiments.aware.hub_llava import check
 
         check(args.model)
+
+
+def _check_set_sizes(args) -> None:
+    """--n-eval / --n-easy-eval against the test questions that exist (never cut silently)."""
+    from lab import _validate as V
+
+    if getattr(args, "n_easy_eval", None) is not None:
+        import easy_vqa
+
+        most = len(easy_vqa.get_test_questions()[0])
+        if args.n_easy_eval > most:
+            raise V.bad("--n-easy-eval", args.n_easy_eval, f"easy-VQA has {most} test questions: give 1..{most}")
+    if getattr(args, "n_eval", None) is not None:
+        from lab.data import dataset_info
+        from lab.experiments.aware.tasks import TEMPLATES
+
+        tasks = [args.task] if getattr(args, "task", None) else list(TEMPLATES)
+        for t in tasks:
+            most = dataset_info(TEMPLATES[t][0])["test"]
+            if args.n_eval > most:
+                raise V.bad("--n-eval", args.n_eval, f"the {t} task has {most} test images: give 1..{most}")
 
 
 def _run_dir_check(args) -> None:
@@ -215,8 +255,10 @@ def _size(args):
     from lab.experiments.aware.context import SIZES
 
     size = SIZES[args.size]
-    over = {k: getattr(args, k) for k in ("steps", "lr", "lr_aware", "lr_projector", "lr_adapter") if getattr(args, k) is not None}
-    return replace(size, train=replace(size.train, **over)) if over else size
+    keys = ("steps", "lr", "lr_aware", "lr_projector", "lr_adapter", "batch_size")
+    over = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    sets = {k: getattr(args, k) for k in ("n_eval", "n_easy_eval", "n_probe") if getattr(args, k, None) is not None}
+    return replace(size, train=replace(size.train, **over), **sets) if over or sets else size
 
 
 def _ctx(args):

@@ -95,7 +95,8 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
     model runs (default: CUDA when available, else CPU). ``model``: a transformers LLaVA (hub id or
     local folder, :mod:`lab.experiments.aware.hub_llava`) instead of the mini-LLaVA, in ``dtype``
     (bf16, fp16, fp32; default bf16 on CUDA); its tasks keep raw images for its processor
-    (``info['vision']``, for task sets built later)."""
+    (``info['vision']``, for task sets built later). For the mini-LLaVA ``dtype`` (default float32)
+    casts the aligned model after its cached float32 alignment."""
     from lab.experiments.aware import tasks
     from lab.experiments.aware.upstream import build_base
 
@@ -138,6 +139,11 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
         tok = tiny_tokenizer(w for qa in sets for w in [*qa.questions, *qa.answers, *(o for opts in qa.options for o in opts)])
         base, enc, align = build_base(easy, size.align, grid=size.grid, cache_dir=cache_dir, progress=progress,
                                       language_model=(tok, tiny_llama(len(tok))))
+    if dtype is not None and hub is None:     # aligned (and cached) in float32; trained and scored in ``dtype``
+        from lab.experiments.aware.hub_llava import dtype_of
+
+        base = base.to(dtype_of(dtype, device or "cpu"))
+        align = {**align, "dtype": str(next(base.parameters()).dtype)}
     info = {"align": align, **({"tiny": True} if tiny else {}), **({"vision": kw["vision"]} if hub is not None else {}),
             "setup_s": time.perf_counter() - t0}
     return Context(base, enc, easy, probe, down, size, calib, info)

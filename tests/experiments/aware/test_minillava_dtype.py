@@ -25,3 +25,41 @@ def test_float32_embedding_is_unchanged_by_the_cast():
     mask = torch.tensor([[False, True, False]])
     emb = m.embed(ids, img, mask)
     assert torch.equal(emb[0, 1], m.mm_projector(img)[0, 0])
+
+
+@pytest.mark.parametrize("method", ["full", "aware", "lora"])
+def test_every_method_trains_and_scores_a_bf16_mini_llava(method):
+    """`--dtype bf16` on the mini-LLaVA: the harness fine-tunes (a finite loss) and scores
+    a whole-bf16 model for each kind of method (a full copy, AWARe's row-split layers, a peft adapter)."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from lab.aware.methods import MethodSpec
+    from lab.experiments.aware.ablate import Variant, run_variant
+    from lab.experiments.aware.context import MAIN, SIZES, Context
+    from lab.experiments.aware.prompts import ChatEncoder
+    from lab.experiments.aware.tasks import QASet, Task
+
+    def toy(n, seed):
+        g = np.random.RandomState(seed)
+        opts = ("red", "blue", "green")
+        return QASet("toy", ["what color is it ?"] * n, [opts[g.randint(3)] for _ in range(n)], [opts] * n,
+                     np.arange(n), torch.randn(n, 4, 8, generator=torch.Generator().manual_seed(seed)))
+
+    tok = tiny_tokenizer(["red", "blue", "green", "what", "color", "is", "it", "?"])
+    size = replace(SIZES["smoke"], n_calib=8, calib_sizes=(4,))
+    ctx = Context(tiny_minillava(tok, 8).to(torch.bfloat16), ChatEncoder(tok, 4), Task("easy_vqa", toy(16, 0), toy(8, 1)),
+                  None, {"fashion": Task("fashion", toy(16, 3), toy(8, 4))}, size,
+                  {("upstream", 8): toy(8, 9), ("upstream", 4): toy(4, 9), ("proxy", 8): toy(8, 10)})
+    from lab.aware.saliency import profile
+    from lab.experiments.aware.context import upstream
+    from lab.experiments.aware.profiling import calibration_batches
+
+    v = Variant("methods", method, MethodSpec(method, MAIN))
+    sal = profile(ctx.base, calibration_batches(ctx.calib[("upstream", 8)], ctx.enc), targets=MAIN.targets,
+                  progress=False) if method == "aware" else None
+    row, info = run_variant(ctx, v, "fashion", 0, before=upstream(ctx.base, ctx, exact=False), saliency=sal,
+                            progress=False, keep_model=True)
+    assert np.isfinite(row["final_loss"]) and 0 <= row["downstream"] <= 1
+    assert all(p.dtype == torch.bfloat16 for p in info["model"].parameters())
