@@ -4,7 +4,7 @@ Scores the aligned base model's upstream skills (easy-VQA, the text probe) in bo
 by answer, and times a few full fine-tuning steps of each, interleaved so a busy machine slows both
 alike. Prints accuracies, the fraction of questions scored alike, and time ratios (bf16 / fp32)::
 
-    python benchmarks/bench_aware_dtype.py [--n-easy 200] [--n-probe 320] [--steps 3] [--batch-size 16]
+    python benchmarks/bench_aware_dtype.py [--n-easy 200] [--n-probe 320] [--steps 3] [--batch-size 16] [--device cpu]
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n-probe", type=int, default=320)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     a = ap.parse_args(argv)
 
     from dataclasses import replace
@@ -30,7 +31,7 @@ def main(argv=None) -> int:
     from lab.experiments.aware.finetune import TrainConfig, evaluate, train
 
     size = replace(SIZES["default"], n_easy_eval=a.n_easy, n_probe=a.n_probe)
-    ctx = setup(size, tasks_needed=("fashion",), device="cpu", progress=False)
+    ctx = setup(size, tasks_needed=("fashion",), device=a.device, progress=False)
     models = {"fp32": ctx.base, "bf16": copy.deepcopy(ctx.base).to(torch.bfloat16)}
     preds, secs = {}, {}
     for name, m in models.items():

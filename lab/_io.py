@@ -43,6 +43,31 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
     return path
 
 
+def replace_dir(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
+    """Call ``writer(tmp_dir)`` on a new folder beside ``path``, then swap it in for ``path`` (two
+    renames; the old folder is removed afterwards). A failing writer leaves ``path`` as it was."""
+    import shutil
+    import time
+
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        writer(tmp)
+        os.chmod(tmp, 0o777 & ~_umask())        # mkdtemp makes 0700
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        path.rename(old)
+    tmp.rename(path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

@@ -40,3 +40,4 @@ AWARE_SIZES = ("smoke", "default", "large")                      # lab.experimen
 DEFAULT_BACKBONE = "efficientnet_lite0"                          # lab.backbones.DEFAULT_BACKBONE
 DEFAULT_DATASET = "fashion_mnist_mini"                           # lab.data.DEFAULT_DATASET
 PREPROCESS = ("reference", "timm")                               # lab.backbones.PREPROCESS
+PRECISIONS = ("auto", "fp32", "bf16")                             # lab.backbones.PRECISIONS

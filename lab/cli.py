@@ -132,11 +132,11 @@ def cmd_features(args) -> int:
     layers = [None] + (bb.stage_names if args.all_stages else [])
     for split in args.splits:
         sets = features.extract_layers(bb, args.dataset, split, layers, batch_size=args.batch_size,
-                                       cache_dir_=args.cache_dir, progress=not args.quiet)
+                                       cache_dir_=args.cache_dir, progress=not args.quiet, precision=args.precision)
         fs = sets[None]
         how = "cache hit" if fs.cache_hit else "extracted"
         print(f"{args.dataset}/{split}: {len(fs.labels)} images -> {tuple(fs.features.shape)} "
-              f"[{bb.name}@{bb.resolution}px, {bb.transform}, {bb.device.type} {bb.precision()}] {how} in {fs.seconds:.2f} s ({fs.images_per_second:,.0f} images/s)"
+              f"[{bb.name}@{bb.resolution}px, {bb.transform}, {bb.device.type} {bb.precision(args.precision)}] {how} in {fs.seconds:.2f} s ({fs.images_per_second:,.0f} images/s)"
               f"\n  {fs.meta['path']}")
     return 0
 
@@ -185,7 +185,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The ``lab`` parser with every subcommand. Building it imports no torch (nor numpy): the
     registries' names for ``choices=`` come from the static tables in :mod:`lab._names`, and each
     handler imports what it needs. ``argv`` is accepted for compatibility and not used."""
-    from lab._names import DEFAULT_BACKBONE, DEFAULT_DATASET, PREPROCESS
+    from lab._names import DEFAULT_BACKBONE, DEFAULT_DATASET, PRECISIONS, PREPROCESS
 
     p = Parser(prog="lab", description="continual-lab: TOSCA and AWARe on real pretrained models.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -212,6 +212,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                         "reference's; default) or timm (resize to 224, mean/std 0.5)")
     f.add_argument("--device", default="cpu", help="device of the feature pass: cpu, cuda or cuda:N (default cpu; "
                                                    "CUDA runs in bf16 autocast)")
+    f.add_argument("--precision", default="auto", choices=PRECISIONS,
+                   help="auto (default): bf16 autocast on CUDA, float32 on the CPU; bf16 on the CPU is an option "
+                        "whose cost and accuracy effect benchmarks/bench_features_precision.py measures "
+                        "(a separate cache entry)")
     f.add_argument("--quiet", action="store_true", help="no progress bar")
     f.set_defaults(func=cmd_features)
 

@@ -161,6 +161,7 @@ def test_static_names_match_the_registries():
     assert _names.DEFAULT_BACKBONE == backbones.DEFAULT_BACKBONE
     assert _names.DEFAULT_DATASET == data.DEFAULT_DATASET
     assert _names.PREPROCESS == tuple(backbones.PREPROCESS)
+    assert _names.PRECISIONS == tuple(backbones.PRECISIONS)
 
 
 def test_a_reader_that_leaves_early_gets_no_error_line():

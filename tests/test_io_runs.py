@@ -237,3 +237,32 @@ def test_a_full_filesystem_is_found_before_the_run(tmp_path, monkeypatch):
     with pytest.raises(_validate.BadInput, match=r"cannot write into .* \(No space left on device\)"):
         runs.check_root("tosca", tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_replace_dir_swaps_a_whole_folder_and_keeps_the_old_one_on_failure(tmp_path):
+    from lab._io import replace_dir
+
+    dest = tmp_path / "ckpt"
+    dest.mkdir()
+    (dest / "old.bin").write_text("old")
+
+    def broken(tmp):
+        (tmp / "half.bin").write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        replace_dir(dest, broken)
+    assert sorted(p.name for p in dest.iterdir()) == ["old.bin"]          # untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]         # no temporary left behind
+    replace_dir(dest, lambda tmp: (tmp / "new.bin").write_text("new"))
+    assert sorted(p.name for p in dest.iterdir()) == ["new.bin"]          # replaced as a whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert oct(dest.stat().st_mode & 0o777) == oct(0o777 & ~_umask_now())
+
+
+def _umask_now():
+    import os
+
+    m = os.umask(0)
+    os.umask(m)
+    return m

@@ -68,7 +68,11 @@ def register(subparsers) -> None:
     q.add_argument("--targets", default="qkv+projector")
     q.add_argument("--calib", default="upstream", choices=["upstream", "proxy"])
     q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--save", default=None, help="save the fine-tuned (merged, standard) model to this folder")
+    q.add_argument("--save", default=None, help="save the fine-tuned (merged, standard) model to this folder "
+                                                "(a new or empty one; see --replace)")
+    q.add_argument("--replace", action="store_true",
+                   help="let --save replace a folder that is not empty (as a whole, once the new checkpoint is "
+                        "written; never the input --model)")
     tracking.add_argument(q)
     q.set_defaults(func=cmd_finetune)
 
@@ -77,6 +81,10 @@ def register(subparsers) -> None:
     q.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the size preset's)")
     q.add_argument("--groups", nargs="+", default=None, choices=_GROUPS,
                    help="only these groups (full fine-tuning and main AWARe always run: E needs them)")
+    q.add_argument("--rules", nargs="+", default=None, metavar="NAME",
+                   help="the selection rules the rule group compares with activation-global (built-in or a "
+                        "plugin's: `lab plugins`; default: the preset's, activation-balanced weight-norm random); "
+                        "implies the rule group")
     q.add_argument("--task", default="fashion", choices=AWARE_TASKS)
     q.add_argument("--run-dir", default=None, help="output folder (default: a new unique runs/aware/... folder)")
     executor_args(q)
@@ -258,7 +266,39 @@ def _size(args):
     keys = ("steps", "lr", "lr_aware", "lr_projector", "lr_adapter", "batch_size")
     over = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     sets = {k: getattr(args, k) for k in ("n_eval", "n_easy_eval", "n_probe") if getattr(args, k, None) is not None}
+    if getattr(args, "rules", None):      # `lab aware ablate --rules` (checked by _check_rules)
+        sets["rules"] = tuple(args.rules)
     return replace(size, train=replace(size.train, **over), **sets) if over or sets else size
+
+
+REFERENCE_RULE = "activation-global"      # lab.experiments.aware.context.MAIN.rule (no torch here)
+
+
+def _check_rules(args) -> None:
+    """``--rules``: registered AWARe rules (built-in or a plugin's), each once, not the reference rule;
+    one line listing the valid names otherwise. Needs no torch unless a rule plugin is installed."""
+    from lab import _validate as V
+    from lab._names import AWARE_RULES
+
+    rules = getattr(args, "rules", None)
+    if not rules:
+        return
+    for r in rules:
+        if r == REFERENCE_RULE:
+            raise V.bad("--rules", r, "is the reference the rule group compares every rule with (main AWARe, "
+                                      "always run); list the others")
+        if r not in AWARE_RULES:
+            valid = [n for n in AWARE_RULES.names() if n != REFERENCE_RULE]
+            raise V.bad("--rules", r, f"unknown AWARe rule; valid rules: {', '.join(valid)}")
+    _no_duplicates("--rules", rules)
+
+
+def _ablate_groups(args) -> tuple[str, ...] | None:
+    """The groups `lab aware ablate` runs: --groups (None: all), with the rule group when --rules is given."""
+    groups = tuple(args.groups) if args.groups else None
+    if getattr(args, "rules", None) and groups is not None and "rule" not in groups:
+        groups += ("rule",)
+    return groups
 
 
 def _ctx(args):
@@ -328,6 +368,14 @@ def cmd_finetune(args) -> int:
     V.seed("--seed", args.seed)
     if args.save is not None:     # "" is refused, not read as "do not save"
         V.out_dir("--save", args.save)
+        from pathlib import Path
+
+        dst = Path(args.save).expanduser()
+        if dst.is_dir() and any(dst.iterdir()) and not args.replace:
+            raise V.bad("--save", args.save, "is a folder that is not empty; give a new or empty folder, or "
+                                             "--replace to replace it as a whole")
+    elif args.replace:
+        raise V.BadInput("--replace: applies to --save, which is not given")
         if args.model:
             from pathlib import Path
 
@@ -380,9 +428,14 @@ def cmd_finetune(args) -> int:
           f"{row['up_probe']:.3f}; R {row['R']:.1f}; trainable {row['trainable_frac'] * 100:.1f}%; "
           f"{row['step_s']:.2f} s/step")
     if args.save is not None:     # "" is refused, not read as "do not save"
-        info["model"].save_pretrained(args.save)
-        if getattr(ctx.enc, "processor", None) is not None:    # a transformers LLaVA: loadable as it was
-            ctx.enc.processor.save_pretrained(args.save)
+        from lab._io import replace_dir
+
+        def write(tmp):
+            info["model"].save_pretrained(tmp)
+            if getattr(ctx.enc, "processor", None) is not None:    # a transformers LLaVA: loadable as it was
+                ctx.enc.processor.save_pretrained(tmp)
+
+        replace_dir(args.save, write)     # written beside it, then swapped in: never half a checkpoint
         print(f"saved a standard checkpoint to {args.save}")
     tracking.log_aware_finetune(track, args, ctx.size, row, before)
     return 0
@@ -391,9 +444,11 @@ def cmd_finetune(args) -> int:
 def cmd_ablate(args) -> int:
     from lab import _validate as V
     from lab import executors
+
+    _check_rules(args)          # before the checks that import torch: a typo answers at once
+    check_common(args)
     from lab.experiments.aware.ablate import summary, sweep
 
-    check_common(args)
     for s in args.seeds or ():
         V.seed("--seeds", s)
     _no_duplicates("--seeds", args.seeds or ())
@@ -402,9 +457,9 @@ def cmd_ablate(args) -> int:
     from lab import tracking
 
     track = tracking.start(args.track, "lab aware ablate")    # mlflow imports, its store opens
-    ctx = _ctx(args)
+    ctx = _ctx(args)            # its Size carries --rules
     out = sweep(ctx, seeds=tuple(args.seeds) if args.seeds else None,
-                groups=tuple(args.groups) if args.groups else None, task=args.task,
+                groups=_ablate_groups(args), task=args.task,
                 run_dir=args.run_dir, progress=not args.quiet, executor=args.executor, address=args.address)
     import pandas as pd
 
