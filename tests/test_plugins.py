@@ -116,6 +116,13 @@ def test_the_aware_command_line_accepts_the_plugin_rule(sites):
     assert p.returncode == 2 and "--rho 1.5: must be a number in [0, 1]" in p.stderr, p.stderr
     p = _lab(["aware", "finetune", "--rule", "not-a-rule"], sites, "template", timeout=120)
     assert p.returncode == 2 and "argument --rule: invalid choice: 'not-a-rule'" in p.stderr, p.stderr
+    # `lab aware ablate --rules`: checked in the handler (plugin names exist once entry points load)
+    p = _lab(["aware", "ablate", "--rules", "activation-x-weight", "--seeds", "-1"], sites, "template", timeout=120)
+    assert p.returncode == 2 and "--seeds -1: must be an integer >= 0" in p.stderr, p.stderr
+    p = _lab(["aware", "ablate", "--rules", "not-a-rule"], sites, "template", timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert ("--rules not-a-rule: unknown AWARe rule; valid rules: activation-balanced, weight-norm, random, "
+            "activation-x-weight") in p.stderr, p.stderr
 
 
 @pytest.mark.slow
@@ -170,19 +177,25 @@ def test_the_plugin_entries_honour_the_lab_contract_tests(template, monkeypatch)
 
 
 def test_the_plugin_rule_runs_in_an_ablation_sweep(template, monkeypatch, tmp_path):
-    """The rule group of `lab aware ablate`'s sweep, on the tiny random mini-LLaVA of its tests."""
+    """The rule group of `lab aware ablate --rules activation-x-weight`'s sweep (the Size its command
+    line builds), on the tiny random mini-LLaVA of its tests; the plugin rule is a row of its table."""
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "experiments" / "aware"))
     from test_aware_ablate import WORDS, toy
 
+    from lab import cli
     from lab.experiments.aware import ablate
-    from lab.experiments.aware.context import SIZES, Context
+    from lab.experiments.aware import cli as aware_cli
+    from lab.experiments.aware.context import Context
     from lab.experiments.aware.prompts import ChatEncoder
     from lab.experiments.aware.tasks import Task
     from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
 
+    args = cli.build_parser().parse_args(["aware", "ablate", "--size", "smoke", "--rules", "activation-x-weight"])
+    aware_cli._check_rules(args)
     tok = tiny_tokenizer(WORDS)
-    size = replace(SIZES["smoke"], n_calib=8, calib_sizes=(), rhos=(0.3,), methods=("full",),
-                   rules=("activation-x-weight",), continual_methods=())
+    size = replace(aware_cli._size(args), n_calib=8, calib_sizes=(), rhos=(0.3,), methods=("full",),
+                   continual_methods=())
+    assert size.rules == ("activation-x-weight",)
     ctx = Context(tiny_minillava(tok, 8), ChatEncoder(tok, 4), Task("easy_vqa", toy(16, 0), toy(8, 1)),
                   Task("probe", None, toy(6, 2, text=True)), {"fashion": Task("fashion", toy(16, 3), toy(8, 6))},
                   size, {("upstream", 8): toy(8, 9), ("proxy", 8): toy(8, 10)})
@@ -190,6 +203,8 @@ def test_the_plugin_rule_runs_in_an_ablation_sweep(template, monkeypatch, tmp_pa
     mine = res[(res.group == "rule") & (res.variant == "activation-x-weight")].iloc[0]
     assert mine.rule == "activation-x-weight" and 0 < mine.trainable_frac < 1 and mine.H == mine.H
     assert (tmp_path / "masks_rule_activation-x-weight.safetensors").exists()
+    table = ablate.summary(res)                                  # what `lab aware ablate` prints
+    assert {"activation-global", "activation-x-weight"} <= set(table[table.group == "rule"].variant)
 
 
 def test_the_template_is_gone_afterwards():
