@@ -607,7 +607,12 @@ def _refuse_other_study(out, cfg, replace: bool) -> None:
         then = read_json(f).get("config")
     except Exception:
         then = None
-    if then != json.loads(json.dumps(asdict(cfg))):
+    # extra seeds for the headline variants only add runs (each run is keyed by what changes it):
+    # the same study, planned further
+    def same_study(c):
+        return {k: v for k, v in c.items() if k not in ("headline", "headline_seeds")} if isinstance(c, dict) else c
+
+    if same_study(then) != same_study(json.loads(json.dumps(asdict(cfg)))):
         raise V.bad("--out", str(out), "holds a study made with another configuration; give another --out, "
                                        "or --replace to write over its tables")
 

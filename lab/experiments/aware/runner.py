@@ -367,7 +367,18 @@ def check(env: Env, out: Path, key: str | None = None, *, log=print) -> dict:
     job = by_key[key]
     if log:
         log(f"re-running {key} ({variant_id(job.variant)}, lr {job.lr}, seed {job.seed}) ...")
-    live = run_job(job, env)
+    import re
+
+    import torch
+
+    threads = re.search(r"(\d+) torch threads", str(stored.get("machine", "")))
+    was = torch.get_num_threads()
+    if threads:       # the stored run's intra-op threads: a matmul's sums are split (and rounded) by them
+        torch.set_num_threads(int(threads.group(1)))
+    try:
+        live = run_job(job, env)
+    finally:
+        torch.set_num_threads(was)
     rows = []
     for st, a in stored["answers"].items():
         b = live["answers"].get(st, [])

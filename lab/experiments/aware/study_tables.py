@@ -143,7 +143,7 @@ def build(env, res: Mapping) -> dict:
     # which seeds each variant has, and the variant's own metrics over them
     metrics, seeds_of, learned, diverged = {}, {}, {}, {}
     for vid, by_seed in per.items():
-        want = set(cfg.seeds_for(vinfo[vid].group))
+        want = set(cfg.seeds_for(vinfo[vid].group, vid))
         have = sorted(set(by_seed) & want)
         if not have:
             continue

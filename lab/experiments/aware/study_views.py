@@ -32,6 +32,9 @@ PROTOCOL_NAMES = {"full": "full fine-tuning", "aware (paper: upstream saliency)"
                   "aware + replay saliency (extension)": "AWARe + replay saliency (this project's extension)"}
 
 
+_HEADLINE_NAMES = {"methods/full": "full fine-tuning", "methods/aware": "AWARe"}
+
+
 def verdicts(study: dict):
     """The headline comparisons with their verdicts in words, recomputed from each difference's
     estimate and interval (:func:`lab.experiments.aware.intervals.verdict`)."""
@@ -185,7 +188,9 @@ def provenance(study: dict, *, code_check: bool = True) -> str:
              f"{len(study.get('runs', ())) } test runs and {len(study.get('tuning', ()))} tuning candidates finished, "
              f"{m.get('compute_s', 0) / 3600:.1f} h of run time on {mach.get('cpu', '?')} "
              f"({mach.get('cpu_count', '?')} cores); sources sha256 `{m['sources']['sha256'][:12]}`; seeds "
-             f"{cfg['seeds']} (methods group; {cfg.get('ablation_seeds', len(cfg['seeds']))} for the other groups); "
+             f"{cfg['seeds']} (methods group; {cfg.get('ablation_seeds', len(cfg['seeds']))} for the other groups"
+             + (f"; {', '.join(v.split('/')[-1] for v in cfg['headline'])} also on {cfg['headline_seeds']}"
+                if cfg.get("headline_seeds") else "") + "); "
              f"{cfg['steps']} steps x {cfg['batch_size']} questions per run; test sets of {cfg['n_eval']} downstream, "
              f"{cfg['n_easy_eval']} easy-VQA and {cfg['n_probe']} probe questions; {cfg['n_val']} + {cfg['n_val']} "
              "validation questions choose each variant's rate.",
@@ -660,7 +665,10 @@ def readme_section(study: dict) -> str:
              f"The shipped study fine-tunes the mini-LLaVA on `{cfg['task']}` questions for {cfg['steps']} steps x "
              f"{cfg['batch_size']} at each variant's own learning rate (at least three candidates, chosen on "
              f"validation questions, a grid extended past an edge choice), {len(cfg['seeds'])} seeds for the methods "
-             f"group and {cfg['ablation_seeds']} for the other groups, and scores {cfg['n_eval']} downstream, "
+             f"group" + (f" ({len(cfg['seeds']) + len(cfg['headline_seeds'])} for "
+                         f"{' and '.join(_HEADLINE_NAMES.get(v, v) for v in cfg['headline'])})"
+                         if cfg.get("headline_seeds") else "") +
+             f" and {cfg['ablation_seeds']} for the other groups, and scores {cfg['n_eval']} downstream, "
              f"{cfg['n_easy_eval']} easy-VQA and {cfg['n_probe']} probe questions per run. Its generated tables — "
              "whether each variant learned the task, R per upstream skill, E, H and the paper's four findings as "
              "verdicts, all with 95 % intervals — are in `results/aware/README.md`; notebook 04 renders them. "
