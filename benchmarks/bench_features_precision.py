@@ -6,7 +6,7 @@ images/s with the ratio bf16 / fp32, the features' relative difference, and the 
 class mean, SimpleCIL's classifier over all classes) accuracy on the test split in each precision
 with its 95 % bootstrap interval over test items, plus the paired difference with a verdict::
 
-    python benchmarks/bench_features_precision.py [--train 1000] [--test 1000] [--batch-size 128]
+    python benchmarks/bench_features_precision.py [--train 1000] [--test 1000] [--batch-size 128] [--repeats 2]
 
 The library's CPU default stays float32 unless no accuracy difference is detected *and* bf16 is
 faster on the machine at hand (CPUs without native bf16 instructions, e.g. AVX2-only, emulate it).
@@ -22,6 +22,7 @@ def main(argv=None) -> int:
     ap.add_argument("--train", type=int, default=1000, help="training images for the prototypes (default 1000)")
     ap.add_argument("--test", type=int, default=1000, help="test images scored (default 1000, the whole split)")
     ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2, help="timed passes per precision, interleaved (default 2)")
     ap.add_argument("--replicates", type=int, default=2000)
     a = ap.parse_args(argv)
 
@@ -38,7 +39,7 @@ def main(argv=None) -> int:
     bb = backbones.load()
     bb.embed(ds.train.images[:a.batch_size], batch_size=a.batch_size, progress=False)   # warm-up
     feats, secs = {"fp32": [], "bf16": []}, {"fp32": [], "bf16": []}
-    for _ in range(2):
+    for _ in range(a.repeats):
         for p in ("fp32", "bf16"):
             t0 = time.perf_counter()
             f = (bb.embed(ds.train.images[tr], batch_size=a.batch_size, progress=False, precision=p),
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
         m = x[g.randint(0, len(x), size=(a.replicates, len(x)))].mean(1)
         return x.mean(), *np.percentile(m, [2.5, 97.5])
 
-    print(f"feature pass, {n} images (best of 2, interleaved): fp32 {ips['fp32']:.0f} images/s, "
+    print(f"feature pass, {n} images (best of {a.repeats}, interleaved): fp32 {ips['fp32']:.0f} images/s, "
           f"bf16 {ips['bf16']:.0f} images/s; ratio bf16/fp32 {ips['bf16'] / ips['fp32']:.2f}x "
           f"({'faster' if ips['bf16'] > ips['fp32'] else 'slower'} in bf16)")
     print(f"features: median relative difference |bf16 - fp32| / |fp32| = {rel:.4f}")
