@@ -45,9 +45,8 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
 
 def replace_dir(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
     """Call ``writer(tmp_dir)`` on a new folder beside ``path``, then swap it in for ``path`` (two
-    renames; the old folder is removed afterwards). A failing writer leaves ``path`` as it was."""
+    renames, :func:`swap_dir`). A failing writer leaves ``path`` as it was."""
     import shutil
-    import time
 
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -58,14 +57,26 @@ def replace_dir(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return swap_dir(tmp, path)
+
+
+def swap_dir(new: Path | None, dest: Path) -> Path:
+    """Put the folder ``new`` where ``dest`` is (``None``: just take ``dest`` away): ``dest`` is renamed
+    aside, ``new`` renamed in, and the old folder removed afterwards, so a reader sees the old folder or
+    the new one, never a mix."""
+    import shutil
+    import time
+
+    dest = Path(dest)
     old = None
-    if path.exists():
-        old = path.with_name(f".{path.name}.old-{os.getpid()}-{time.monotonic_ns()}")
-        path.rename(old)
-    tmp.rename(path)
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        dest.rename(old)
+    if new is not None:
+        Path(new).rename(dest)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    return path
+    return dest
 
 
 def sha256_file(path: str | os.PathLike) -> str:

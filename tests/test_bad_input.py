@@ -245,6 +245,8 @@ ROWS: list[Row] = [
     R("aware finetune", "--seed", ["--seed", "-1"], "--seed -1: must be an integer >= 0"),
     R("aware finetune", "--save", ["--save", "{file}"], "--save {file}: is a file, not a folder", sub=True, bound=30),
     R("aware finetune", "--save", ["--save", "{unwritable}/model"], "cannot write into"),
+    R("aware finetune", "--save", ["--model", "{run_other}", "--save", "{run_other}", "--replace"],
+      "--save {run_other}: is (or holds, or is inside) the input checkpoint --model {run_other}"),
     R("aware finetune", "--save", ["--save", "{run_other}"],
       "--save {run_other}: is a folder that is not empty; give a new or empty folder, or --replace"),
     R("aware finetune", "--replace", ["--replace"], "--replace: applies to --save, which is not given"),

@@ -260,16 +260,14 @@ def _publish_dir(staging: Path, dest: Path) -> None:
 
     An empty ``staging`` (no PNGs this run) just removes ``dest``.
     """
-    old = None
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}-{time.monotonic_ns()}")
-        dest.rename(old)
+    from lab._io import swap_dir
+
     if any(staging.iterdir()):
         for f in staging.iterdir():
             readable(f)
-        readable(staging).rename(dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        swap_dir(readable(staging), dest)
+    else:
+        swap_dir(None, dest)
 
 
 def _failure(nb) -> tuple[int | None, str | None, str | None]:

@@ -367,22 +367,20 @@ def cmd_finetune(args) -> int:
         raise V.bad("--rho", args.rho, "must be a number in [0, 1]")    # as lab.aware.masking.check_rho
     V.seed("--seed", args.seed)
     if args.save is not None:     # "" is refused, not read as "do not save"
-        V.out_dir("--save", args.save)
         from pathlib import Path
 
-        dst = Path(args.save).expanduser()
+        V.out_dir("--save", args.save)
+        dst = Path(args.save).expanduser().resolve()
+        if args.model:       # never the input checkpoint, --replace or not
+            src = Path(args.model).expanduser().resolve()
+            if src.exists() and (dst == src or src in dst.parents or dst in src.parents):
+                raise V.bad("--save", args.save, f"is (or holds, or is inside) the input checkpoint --model "
+                                                 f"{args.model}: saving there would overwrite it; give another folder")
         if dst.is_dir() and any(dst.iterdir()) and not args.replace:
             raise V.bad("--save", args.save, "is a folder that is not empty; give a new or empty folder, or "
                                              "--replace to replace it as a whole")
     elif args.replace:
         raise V.BadInput("--replace: applies to --save, which is not given")
-        if args.model:
-            from pathlib import Path
-
-            src, dst = Path(args.model).expanduser().resolve(), Path(args.save).expanduser().resolve()
-            if src.exists() and (dst == src or src in dst.parents or dst in src.parents):
-                raise V.bad("--save", args.save, f"is (or holds, or is inside) the input checkpoint --model "
-                                                 f"{args.model}: saving there would overwrite it; give another folder")
     from lab.aware.config import AwareConfig
     from lab.aware.methods import MethodSpec, uses_saliency
     from lab.aware.saliency import profile

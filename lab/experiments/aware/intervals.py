@@ -114,6 +114,15 @@ def verdict(name_a: str, name_b: str, diff: Mapping, metric: str, unit: str = ""
     return f"{metric}: {name_a} is {word} than {name_b} ({name_a} − {name_b} = {ci})"
 
 
+ACCURACIES = ("downstream",)    # metrics in [0, 1] whose differences read in percentage points
+
+
+def metric_verdict(name_a: str, name_b: str, diff: Mapping, metric: str) -> str:
+    """:func:`verdict` with an accuracy's difference in points (``ACCURACIES``), every other metric as is."""
+    k, unit = (100, " pts") if metric in ACCURACIES else (1, "")
+    return verdict(name_a, name_b, {x: k * diff[x] for x in ("estimate", "lo", "hi")}, metric, unit)
+
+
 def fmt(s: Mapping, digits: int = 1) -> str:
     """``'88.7 [83.0, 93.1]'``."""
     if not np.isfinite(s["estimate"]):

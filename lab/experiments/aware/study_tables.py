@@ -122,8 +122,7 @@ def baselines_table(env):
 
 
 def _verdict_words(a: str, b: str, s: Mapping, metric: str) -> str:
-    k, unit = (100, " pts") if metric == "downstream" else (1, "")   # accuracy differences in points
-    return I.verdict(a.split("/")[-1], b.split("/")[-1], {x: k * s[x] for x in ("estimate", "lo", "hi")}, metric, unit)
+    return I.metric_verdict(a.split("/")[-1], b.split("/")[-1], s, metric)
 
 
 def build(env, res: Mapping) -> dict:

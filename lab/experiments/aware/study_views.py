@@ -32,7 +32,7 @@ PROTOCOL_NAMES = {"full": "full fine-tuning", "aware (paper: upstream saliency)"
                   "aware + replay saliency (extension)": "AWARe + replay saliency (this project's extension)"}
 
 
-_HEADLINE_NAMES = {"methods/full": "full fine-tuning", "methods/aware": "AWARe"}
+VARIANT_NAMES = {REFERENCE: "AWARe", "methods/full": "full fine-tuning", "methods/lora": "LoRA", "methods/dora": "DoRA"}
 
 
 def verdicts(study: dict):
@@ -46,9 +46,8 @@ def verdicts(study: dict):
         if str(r.verdict).startswith(f"{r.metric}: not compared"):
             out.append(r.verdict)
             continue
-        k, unit = (100, " pts") if r.metric == "downstream" else (1, "")   # accuracy differences in points
-        out.append(I.verdict(*PAIR_NAMES.get(r.comparison, (r.a, r.b)),
-                             {"estimate": k * r.estimate, "lo": k * r.lo, "hi": k * r.hi}, r.metric, unit))
+        out.append(I.metric_verdict(*PAIR_NAMES.get(r.comparison, (r.a, r.b)),
+                                    {"estimate": r.estimate, "lo": r.lo, "hi": r.hi}, r.metric))
     c["verdict"] = out
     return c
 
@@ -632,8 +631,7 @@ def headline(study: dict) -> dict:
     ``'estimate [95 % interval]'`` (the report index shows no number without its interval)."""
     s = study["summary"].set_index(["variant", "metric"]) if len(study["summary"]) else None
     out = {}
-    names = {REFERENCE: "AWARe", "methods/full": "full fine-tuning", "methods/lora": "LoRA", "methods/dora": "DoRA"}
-    for v, name in names.items():
+    for v, name in VARIANT_NAMES.items():
         for m, unit, d in (("downstream", "accuracy", 3), ("R", "%", 1), ("H", "", 1)):
             if s is not None and (v, m) in s.index and np.isfinite(s.loc[(v, m), "estimate"]):
                 out[f"{name}: {m}{f' ({unit})' if unit else ''}"] = _fmt(*s.loc[(v, m), ["estimate", "lo", "hi"]], digits=d)
@@ -666,7 +664,7 @@ def readme_section(study: dict) -> str:
              f"{cfg['batch_size']} at each variant's own learning rate (at least three candidates, chosen on "
              f"validation questions, a grid extended past an edge choice), {len(cfg['seeds'])} seeds for the methods "
              f"group" + (f" ({len(cfg['seeds']) + len(cfg['headline_seeds'])} for "
-                         f"{' and '.join(_HEADLINE_NAMES.get(v, v) for v in cfg['headline'])})"
+                         f"{' and '.join(VARIANT_NAMES.get(v, v) for v in cfg['headline'])})"
                          if cfg.get("headline_seeds") else "") +
              f" and {cfg['ablation_seeds']} for the other groups, and scores {cfg['n_eval']} downstream, "
              f"{cfg['n_easy_eval']} easy-VQA and {cfg['n_probe']} probe questions per run. Its generated tables — "
