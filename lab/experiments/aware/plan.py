@@ -199,26 +199,37 @@ def continual_key(fp: str, job: ContinualJob, cfg: StudyConfig) -> str:
     return f"continual-{job.method}{'-replay' if job.replay else ''}-s{job.seed}-{_hash(payload)}"
 
 
-PHASES = (("methods",), None)   # the methods group first (the headline), then every group
+# The order the study runs in, each phase tuned then tested before the next starts: the methods group
+# first (the headline), then what each of the paper's four findings needs (the rule group; rho = 0.3's
+# neighbours; the MLP target; proxy calibration), then everything else. A phase names groups or variant
+# ids; None: every variant. An interrupted study therefore has its findings soonest.
+PHASES = (("methods",), ("rule",),
+          ("rho/rho=0.1", "rho/rho=0.5", "targets/qkv+projector+mlp", "calibration/proxy"), None)
+
+
+def in_phase(v: Variant, phase: tuple[str, ...] | None) -> bool:
+    """Whether variant ``v`` belongs to ``phase`` (group names or variant ids; None: all)."""
+    return phase is None or v.group in phase or variant_id(v) in phase
 
 
 def plan_tuning(cfg: StudyConfig, extra: dict | None = None, groups: tuple[str, ...] | None = None) -> list[Job]:
-    """Every variant that trains (of ``groups``; None: all) at every rate of its grid (plus
-    ``extra[variant id]`` rates past an edge) on the tuning seed; full fine-tuning first (every other
-    choice is relative to it)."""
+    """Every variant that trains (of ``groups``: a phase, see :func:`in_phase`) at every rate of its
+    grid (plus ``extra[variant id]`` rates past an edge) on the tuning seed; full fine-tuning first
+    and in every phase (every other choice is relative to it)."""
     extra = extra or {}
-    vs = [v for v in variants(cfg) if lr_field(v.spec.method) and (groups is None or v.group in groups)]
+    ref = lambda v: get_method(v.spec.method).role == "reference"   # noqa: E731  (every phase's E needs it)
+    vs = [v for v in variants(cfg) if lr_field(v.spec.method) and (in_phase(v, groups) or ref(v))]
     vs.sort(key=lambda v: get_method(v.spec.method).role != "reference")
     return [Job(v, lr, cfg.tune_seed, ("val", "test"))
             for v in vs for lr in sorted({*cfg.grid(v.spec.method), *extra.get(variant_id(v), ())})]
 
 
 def plan_tests(cfg: StudyConfig, chosen: dict, groups: tuple[str, ...] | None = None) -> list[Job]:
-    """Every variant (of ``groups``; None: all) at its chosen rate on each of its group's seeds; the
-    tuning seed's run is the tuning run itself (same key)."""
+    """Every variant (of ``groups``: a phase, see :func:`in_phase`) at its chosen rate on each of its
+    group's seeds; the tuning seed's run is the tuning run itself (same key)."""
     out = []
     for v in variants(cfg):
-        if groups is not None and v.group not in groups:
+        if not in_phase(v, groups):
             continue
         lr = chosen.get(variant_id(v))
         if lr_field(v.spec.method) and lr is None:

@@ -276,7 +276,7 @@ def run_all(env: Env, out: Path, *, log=print, **kw) -> dict:
     from lab.experiments.aware.plan import PHASES
 
     t_tune = t_test = 0.0
-    for groups in PHASES:     # the methods group complete first: the headline is there soonest
+    for groups in PHASES:     # the headline first, then each finding's variants (plan.PHASES)
         t0 = time.perf_counter()
         chosen, tuning_rows, tune_recs = tune(env, out, log=log, groups=groups, **kw)
         t_tune += time.perf_counter() - t0

@@ -127,6 +127,21 @@ def test_the_methods_group_has_more_seeds_than_the_ablations():
     assert {v.label for v in plan.variants(cfg) if v.group == "calib_size"} == {"n=8", "n=16", "n=64"}
 
 
+def test_phases_run_the_headline_then_the_findings_then_the_rest():
+    cfg = plan.PRESETS["shipped"]
+    ids = [plan.variant_id(v) for v in plan.variants(cfg)]
+    first = [next(i for i, ph in enumerate(plan.PHASES) if plan.in_phase(v, ph)) for v in plan.variants(cfg)]
+    phase = dict(zip(ids, first))
+    assert phase["methods/full"] == phase["methods/aware"] == 0
+    finding = ("rule/weight-norm", "rule/random", "rho/rho=0.1", "rho/rho=0.5", "targets/qkv+projector+mlp",
+               "calibration/proxy")
+    rest = ("rho/rho=0.7", "rho/rho=0.9", "targets/qkv", "calib_size/n=8")
+    assert max(phase[i] for i in finding) < min(phase[i] for i in rest)
+    assert plan.PHASES[-1] is None        # the last phase: every variant, so nothing is left out
+    every = [j for ph in plan.PHASES for j in plan.plan_tuning(cfg, groups=ph)]
+    assert {plan.job_key("f", j, cfg) for j in every} == {plan.job_key("f", j, cfg) for j in plan.plan_tuning(cfg)}
+
+
 def test_job_key_changes_with_the_configuration_only():
     cfg = plan.PRESETS["smoke"]
     v = plan.variants(cfg)[1]
