@@ -74,11 +74,15 @@ class Method:
     ``lr_field``: the field of the training recipe that sets this method's language-model (or
     adapter) learning rate (None: nothing trains); ``grid``: the candidate rates a study tunes it
     over; ``role``: ``"reference"`` (E is relative to it: full fine-tuning), ``"baseline"``,
-    ``"method"`` or ``"none"`` (nothing trains)."""
+    ``"method"`` or ``"none"`` (nothing trains); ``has_targets``: it trains the spec's target layers
+    (False: the whole model, or nothing); ``selects_rows``: it freezes rows chosen by the spec's rule
+    and rho (the tables then show them)."""
 
     lr_field: str | None = None
     grid: tuple[float, ...] = ()
     role: str = "baseline"
+    has_targets: bool = True
+    selects_rows: bool = False
 
     def needs_saliency(self, spec: MethodSpec) -> bool:
         """Whether :meth:`prepare` needs an activation profile of the base model for ``spec``."""
@@ -122,7 +126,7 @@ def matched_lora_rank(model: nn.Module, aware: AwareConfig) -> int:
 
 @register_method("zero-shot")
 class ZeroShot(Method):
-    role = "none"
+    role, has_targets = "none", False
 
     def prepare(self, model, spec, cfg, saliency=None):
         return model, [], {}
@@ -130,7 +134,7 @@ class ZeroShot(Method):
 
 @register_method("full")
 class Full(Method):
-    lr_field, grid, role = "lr", (2e-5, 5e-5, 1e-4), "reference"
+    lr_field, grid, role, has_targets = "lr", (2e-5, 5e-5, 1e-4), "reference", False
 
     def prepare(self, model, spec, cfg, saliency=None):
         vision = re.compile(VISION_EXCLUDE)
@@ -173,7 +177,7 @@ class DoRA(_LoRA):
 
 @register_method("aware")
 class Aware(Method):
-    lr_field, grid, role = "lr_aware", (5e-5, 1.5e-4, 5e-4), "method"
+    lr_field, grid, role, selects_rows = "lr_aware", (5e-5, 1.5e-4, 5e-4), "method", True
 
     def needs_saliency(self, spec):
         return needs_saliency(spec.aware.rule)
@@ -220,3 +224,22 @@ def lr_field(method: str) -> str | None:
 def uses_saliency(spec: MethodSpec) -> bool:
     """Whether ``spec`` needs an activation profile of the base model before :func:`prepare`."""
     return get_method(spec.method).needs_saliency(spec)
+
+
+def reference_method() -> str:
+    """The registered method E is relative to (role ``"reference"``: full fine-tuning)."""
+    return next(n for n in method_names() if get_method(n).role == "reference")
+
+
+def tunable_methods() -> tuple[str, ...]:
+    """Every registered method with a learning rate to tune (``lr_field`` set), reference first."""
+    names = [n for n in method_names() if get_method(n).lr_field]
+    return tuple(sorted(names, key=lambda n: get_method(n).role != "reference"))
+
+
+def table_columns(spec: MethodSpec) -> dict:
+    """What a results table says about ``spec``: ``rho`` and ``rule`` where the method freezes selected
+    rows (NaN and '' otherwise), and the ``targets`` it trains ('all': the whole model, or nothing)."""
+    m = get_method(spec.method)
+    return {"rho": spec.aware.rho if m.selects_rows else float("nan"), "rule": spec.aware.rule if m.selects_rows else "",
+            "targets": spec.aware.targets if m.has_targets else "all"}

@@ -13,7 +13,6 @@ safetensors for the heatmap notebook.
 """
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import asdict, dataclass, replace
@@ -25,10 +24,11 @@ import torch
 
 from lab.aware import metrics as M
 from lab.aware.masking import check_rho, needs_saliency, select
-from lab.aware.methods import MethodSpec, finish, method_names, prepare, uses_saliency
+from lab.aware.methods import (MethodSpec, get_method, lr_field, method_names, reference_method, table_columns,
+                               uses_saliency)
 from lab.aware.saliency import Saliency
 from lab.experiments.aware.context import MAIN, Context, Size, setup, upstream
-from lab.experiments.aware.finetune import TrainConfig, evaluate, train
+from lab.experiments.aware.finetune import TrainConfig, evaluate, fit
 
 
 def tasks_for(groups, task: str, order: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -63,9 +63,10 @@ def variants(size: Size) -> list[Variant]:
     unknown = set(size.methods) - set(names)
     if unknown:
         raise ValueError(f"unknown methods {sorted(unknown)}; choose from {list(names)}")
-    out = [Variant("methods", m, MethodSpec(m, MAIN)) for m in names
-           if m != "aware" and (m in size.methods or m == "full")]          # E is relative to full fine-tuning
-    out.append(Variant("methods", "aware", MethodSpec("aware", MAIN)))
+    role = lambda m: get_method(m).role   # noqa: E731
+    out = [Variant("methods", m, MethodSpec(m, MAIN)) for m in names     # E is relative to the reference
+           if role(m) != "method" and (m in size.methods or role(m) == "reference")]
+    out += [Variant("methods", m, MethodSpec(m, MAIN)) for m in names if role(m) == "method"]
     for rule in size.rules:
         out.append(Variant("rule", rule, MethodSpec("aware", replace(MAIN, rule=rule))))
     for rho in size.rhos:
@@ -94,21 +95,16 @@ def run_variant(ctx: Context, v: Variant, task: str, seed: int, *, before: Mappi
     computed once beforehand and passed in. ``trainer``: a function with :func:`train`'s signature
     (default :func:`train`; several processes: :meth:`lab.experiments.aware.distributed.Session.train`)."""
     cfg = replace(v.train or ctx.size.train, seed=seed)
-    spec = v.spec if v.spec.aware.rule != "random" else replace(v.spec, aware=replace(v.spec.aware, seed=seed))
-    model = copy.deepcopy(ctx.base)
-    t0 = time.perf_counter()
-    model, groups, info = prepare(model, spec, cfg, saliency=saliency)
-    log = (trainer or train)(model, groups, ctx.down[task].train, ctx.enc, cfg, progress=progress, desc=f"{v.group}/{v.label}")
-    train_s = time.perf_counter() - t0
-    model = finish(model, spec.method)
-    up = dict(before) if spec.method == "zero-shot" and before else upstream(model, ctx)
+    model, info, log, train_s = fit(ctx.base, v.spec, cfg, ctx.down[task].train, ctx.enc, saliency=saliency,
+                                    progress=progress, desc=f"{v.group}/{v.label}", trainer=trainer)
+    spec = v.spec
+    up = dict(before) if not lr_field(spec.method) and before else upstream(model, ctx)
     down = evaluate(model, ctx.down[task].test, ctx.enc, batch_size=ctx.size.eval_batch)["acc"]
     skills = [k for k in ("easy_vqa", "probe") if k in up]
-    aware = spec.method == "aware"
-    row = {"group": v.group, "variant": v.label, "method": spec.method, "seed": seed, "task": task,
-           "rho": spec.aware.rho if aware else np.nan, "rule": spec.aware.rule if aware else "",
-           "targets": spec.aware.targets if spec.method != "full" else "all", "calib": v.calib if aware else "",
-           "calib_n": v.calib_key(ctx.size)[1] if aware else 0,
+    cols = table_columns(spec)
+    rows_sel = get_method(spec.method).selects_rows
+    row = {"group": v.group, "variant": v.label, "method": spec.method, "seed": seed, "task": task, **cols,
+           "calib": v.calib if rows_sel else "", "calib_n": v.calib_key(ctx.size)[1] if rows_sel else 0,
            "downstream": down, **{f"up_{k}": up[k] for k in up},
            "R_easy_vqa": M.retention(before["easy_vqa"], up["easy_vqa"]),
            "R_probe": M.retention(before["probe"], up["probe"]) if "probe" in up else np.nan,
@@ -125,7 +121,8 @@ def run_variant(ctx: Context, v: Variant, task: str, seed: int, *, before: Mappi
 
 def add_efficiency(rows: list[dict]) -> list[dict]:
     """E and H need the full fine-tuning result of the same seed and task (new rows returned)."""
-    full = {(r["seed"], r["task"]): r["downstream"] for r in rows if r["method"] == "full"}
+    ref = reference_method()
+    full = {(r["seed"], r["task"]): r["downstream"] for r in rows if r["method"] == ref}
     out = []
     for r in rows:
         e = M.efficiency(r["downstream"], full.get((r["seed"], r["task"]), np.nan))
@@ -218,12 +215,13 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
     from lab import runs
     from lab._io import write_json, write_table
     from lab.aware.masking import composition
-    from lab.experiments.aware.continual import ORDER, run_sequence, summarise
+    from lab.experiments.aware.continual import ORDER, summarise
 
     size = ctx.size
     seeds = tuple(size.seeds if seeds is None else seeds)
     order = tuple(continual_order or ORDER)
-    chosen = [v for v in variants(size) if groups is None or v.group in groups or v.label in ("full", "aware")]
+    main = lambda v: v.group == "methods" and get_method(v.spec.method).role in ("reference", "method")  # noqa: E731
+    chosen = [v for v in variants(size) if groups is None or v.group in groups or main(v)]
     needed = set(tasks_for(groups if size.continual_methods else (), task, order))
     if needed - set(ctx.down):
         raise ValueError(f"this context has no downstream task {sorted(needed - set(ctx.down))}; "
@@ -264,9 +262,11 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
 
     t0 = time.perf_counter()
     cont = []
-    if size.continual_methods and (groups is None or "continual" in groups):
-        for method in size.continual_methods:
-            cont += run_sequence(ctx, method, seeds[0], order=order, aware=MAIN, progress=progress)
+    if size.continual_methods and (groups is None or "continual" in groups):   # one executor job per sequence
+        seqs = [SequenceRun(m, seeds[0], order) for m in size.continual_methods]
+        cont = [row for rows in run_sequences(ctx, seqs, executor=executor, address=address,
+                                              results_dir=run_dir / "variants", log=print if progress else None)
+                for row in rows]
     timings["continual_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_start + timings["setup_s"]
 
@@ -340,3 +340,32 @@ def run_variants(ctx, runs: list[VariantRun], *, before: Mapping[str, float], sa
                             results_dir=results_dir, log=log)
     return [(res["row"], {n: torch.tensor([c == "1" for c in m]) for n, m in res["masks"].items()}
              if "masks" in res else None) for res in results]
+
+
+@dataclass(frozen=True)
+class SequenceRun:
+    """One job of a sweep's continual sequence: ``method`` through ``order`` with ``seed``."""
+
+    method: str
+    seed: int
+    order: tuple[str, ...]
+
+
+def run_sequence_one(r: SequenceRun, ctx) -> list[dict]:
+    """The job: :func:`lab.experiments.aware.continual.run_sequence` on a fresh copy of the base."""
+    from lab.experiments.aware.continual import run_sequence
+
+    torch.manual_seed(r.seed)
+    return run_sequence(ctx, r.method, r.seed, order=r.order, aware=MAIN, progress=False)
+
+
+def run_sequences(ctx, seqs: list[SequenceRun], *, executor: str = "local", address: str | None = None,
+                  results_dir=None, log=None) -> list[list[dict]]:
+    """Each sequence's rows, in ``seqs`` order, through :func:`lab.executors.run` (finished ones skipped)."""
+    from lab import executors
+
+    device = str(next(ctx.base.parameters()).device)
+    size = asdict(ctx.size)
+    jobs = [executors.Job(executors.key(f"continual-{r.method}-s{r.seed}", {"run": asdict(r), "size": size}),
+                          run_sequence_one, r, **executors.resources(device)) for r in seqs]
+    return executors.run(jobs, executor=executor, address=address, shared=(ctx,), results_dir=results_dir, log=log)

@@ -99,7 +99,7 @@ def register(subparsers) -> None:
     q.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds; validation scores are averaged (default 0)")
     q.add_argument("--n-val", type=int, default=100, help="validation questions per set (default 100)")
     q.add_argument("--grid", nargs="+", default=None, metavar="METHOD=LR,LR",
-                   help="candidate lrs, e.g. full=1e-5,2e-5 aware=1e-4,3e-4 (default: lab.experiments.aware.tune.GRIDS)")
+                   help="candidate lrs, e.g. full=1e-5,2e-5 aware=1e-4,3e-4 (default: each method's grid in the methods registry, lab.aware.methods)")
     q.add_argument("--run-dir", default=None, help="output folder (default: a new unique runs/aware/... folder)")
     executor_args(q)
     q.set_defaults(func=cmd_tune)
@@ -511,10 +511,10 @@ def cmd_tune(args) -> int:
     from lab import _validate as V
     from lab import executors
     from lab.experiments.aware.context import setup
-    from lab.experiments.aware.tune import GRIDS, check_grids, flags, tune
+    from lab.experiments.aware.tune import check_grids, default_grids, flags, tune
 
     check_common(args)
-    grids = check_grids(_grids(args.grid) or GRIDS)     # bad grids fail here, before any model is loaded
+    grids = check_grids(_grids(args.grid) or default_grids())     # bad grids fail here, before any model is loaded
     V.count("--n-val", args.n_val, maximum=SAMPLES_MAX)
     for s in args.seeds:
         V.seed("--seeds", s)

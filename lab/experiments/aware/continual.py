@@ -18,9 +18,9 @@ from dataclasses import replace
 
 from lab.aware import metrics as M
 from lab.aware.config import AwareConfig
-from lab.aware.methods import MethodSpec, finish, prepare, uses_saliency
+from lab.aware.methods import MethodSpec, uses_saliency
 from lab.aware.saliency import profile
-from lab.experiments.aware.finetune import evaluate, train
+from lab.experiments.aware.finetune import evaluate, fit
 from lab.experiments.aware.profiling import calibration_batches
 
 ORDER = ("fashion", "digits", "even")
@@ -45,10 +45,8 @@ def run_sequence(ctx, method: str, seed: int, *, order: tuple[str, ...] = ORDER,
                 qas += [ctx.down[t].train.subset(range(min(_PER_TASK_CALIB, len(ctx.down[t].train)))) for t in order[:i]]
             sal = profile(model, [b for qa in qas for b in calibration_batches(qa, ctx.enc)],
                           targets=aware.targets, progress=progress)
-        model, groups, _ = prepare(model, spec, cfg, saliency=sal)
-        train(model, groups, ctx.down[task].train, ctx.enc, cfg, progress=progress,
-              desc=f"continual {method}: {task}")
-        model = finish(model, method)
+        model = fit(model, spec, cfg, ctx.down[task].train, ctx.enc, saliency=sal, fresh=False, progress=progress,
+                    desc=f"continual {method}: {task}")[0]
         for t in order[: i + 1]:
             ev = evaluate(model, tests[t], ctx.enc, batch_size=size.eval_batch)
             rows.append({"method": method, "seed": seed, "stage": i, "stage_task": task, "task": t, "acc": ev["acc"],

@@ -110,6 +110,30 @@ def train(model: nn.Module, groups: list[dict], qa: QASet, enc: ChatEncoder, cfg
     return {"losses": losses, "step_seconds": times}
 
 
+def fit(model: nn.Module, spec, cfg: TrainConfig, qa: QASet, enc: ChatEncoder, *, saliency=None,
+        fresh: bool = True, progress: bool = False, desc: str = "fine-tuning", trainer=None) -> tuple:
+    """One fine-tuning run, the same for every sweep (``lab aware finetune``, ``tune``, ``ablate``,
+    ``study``, each stage of the continual sequence): prepare ``model`` the way ``spec`` says
+    (:func:`lab.aware.methods.prepare`; a random selection rule draws from ``cfg.seed``), train it on
+    ``qa`` with ``cfg``, bring it back to a standard model. ``fresh``: work on a copy (the base stays
+    untouched); ``trainer``: a function with :func:`train`'s signature (several processes:
+    :meth:`lab.experiments.aware.distributed.Session.train`).
+    Returns ``(model, info, log, train_s)``: ``info`` from ``prepare`` (trainable counts, masks)."""
+    import copy
+    from dataclasses import replace
+
+    from lab.aware.methods import finish, prepare
+
+    if spec.aware.rule == "random":
+        spec = replace(spec, aware=replace(spec.aware, seed=cfg.seed))
+    model = copy.deepcopy(model) if fresh else model
+    t0 = time.perf_counter()
+    model, groups, info = prepare(model, spec, cfg, saliency=saliency)
+    log = (trainer or train)(model, groups, qa, enc, cfg, progress=progress, desc=desc)
+    train_s = time.perf_counter() - t0
+    return finish(model, spec.method), info, log, train_s
+
+
 def strictly_best(scores: torch.Tensor, gold: int) -> bool:
     """Right only when the gold option's score is finite and above every other option's: a tie or a
     non-finite score (a diverged model) is wrong, so no option position can be favoured by

@@ -17,7 +17,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 
 from lab.aware.config import AwareConfig
-from lab.aware.methods import MethodSpec, get_method, lr_field
+from lab.aware.methods import MethodSpec, get_method, lr_field, reference_method
 from lab.experiments.aware.ablate import Variant
 
 # Bump when a change of the run code changes a finished run's numbers (scoring, training loop, data).
@@ -109,10 +109,14 @@ NOTES = {
 # ---------------------------------------------------------------- variants
 def variants(cfg: StudyConfig) -> list[Variant]:
     """Every compared variant, main AWARe first after the baselines (it is every group's reference)."""
-    out = [Variant("methods", m, MethodSpec(m, MAIN)) for m in cfg.methods if m not in ("aware",)]
-    if not any(v.spec.method == "full" for v in out):
-        out.insert(0, Variant("methods", "full", MethodSpec("full", MAIN)))   # E is relative to it
-    out.append(Variant("methods", "aware", MethodSpec("aware", MAIN)))
+    role = lambda m: get_method(m).role   # noqa: E731
+    out = [Variant("methods", m, MethodSpec(m, MAIN)) for m in cfg.methods if role(m) != "method"]
+    if not any(role(v.spec.method) == "reference" for v in out):
+        ref = reference_method()
+        out.insert(0, Variant("methods", ref, MethodSpec(ref, MAIN)))   # E is relative to it
+    out += [Variant("methods", m, MethodSpec(m, MAIN)) for m in cfg.methods if role(m) == "method"]
+    if not any(v.spec.method == "aware" for v in out):
+        out.append(Variant("methods", "aware", MethodSpec("aware", MAIN)))   # every group's reference point
     if cfg.rho0_in_methods:
         out.append(Variant("methods", "rho=0", MethodSpec("aware", replace(MAIN, rho=0.0))))
     out += [Variant("rule", r, MethodSpec("aware", replace(MAIN, rule=r))) for r in cfg.rules]
@@ -183,7 +187,7 @@ def train_config(cfg: StudyConfig, method: str, lr: float | None, seed: int, ste
 def job_key(fp: str, job: Job, cfg: StudyConfig) -> str:
     """A file-name-safe key: the variant's name (for people) and a hash of everything that changes it."""
     v = job.variant
-    seed = 0 if v.spec.method == "zero-shot" else job.seed
+    seed = job.seed if lr_field(v.spec.method) else 0    # nothing trains: one run for every seed
     payload = {"fp": fp, "spec": asdict(v.spec), "calib": v.calib, "calib_n": v.calib_n or cfg.n_calib,
                "train": asdict(train_config(cfg, v.spec.method, job.lr, seed)), "sets": sorted(job.sets)}
     slug = "".join(c if c.isalnum() or c in "=.+-" else "_" for c in f"{v.spec.method}-{v.label}")

@@ -9,7 +9,6 @@ rate on validation questions and :func:`tune` extends a grid whose choice sits a
 """
 from __future__ import annotations
 
-import copy
 import datetime
 import math
 import time
@@ -128,29 +127,23 @@ def _stamp(env: Env, t0: float) -> dict:
 
 
 def run_job(job: Job, env: Env) -> dict:
-    """Train one job's variant from a fresh copy of the base and answer its question sets."""
-    from lab.aware.methods import finish, prepare
-    from lab.experiments.aware.finetune import evaluate, train
+    """Train one job's variant from a fresh copy of the base (:func:`~lab.experiments.aware.finetune.fit`)
+    and answer its question sets."""
+    from lab.aware.methods import lr_field
+    from lab.experiments.aware.finetune import evaluate, fit
 
     ctx, v, cfg = env.ctx, job.variant, env.cfg
     method = v.spec.method
     t0 = time.perf_counter()
     rec = {"variant": variant_id(v), "method": method, "lr": job.lr, "seed": job.seed}
-    if method == "zero-shot":
+    if not lr_field(method):   # nothing trains: the base model's answers
         answers = {k: list(a) for k, a in env.base_answers.items() if not k.startswith("val:") or "val" in job.sets}
         return {**rec, "answers": answers, "trainable": 0, "total": 0, "lora_rank": 0, "steps": 0, "losses": [],
                 "final_loss": float("nan"), "diverged": False, "train_s": 0.0, **_stamp(env, t0)}
     tc = train_config(cfg, method, job.lr, job.seed)
-    spec = v.spec
-    if spec.aware.rule == "random":
-        from dataclasses import replace
-
-        spec = replace(spec, aware=replace(spec.aware, seed=job.seed))
-    model = copy.deepcopy(ctx.base)
-    model, groups, info = prepare(model, spec, tc, saliency=env.saliency.get(v.calib_key(ctx.size)))
-    log = train(model, groups, ctx.down[cfg.task].train, ctx.enc, tc, progress=False)
+    model, info, log, _ = fit(ctx.base, v.spec, tc, ctx.down[cfg.task].train, ctx.enc,
+                              saliency=env.saliency.get(v.calib_key(ctx.size)))
     train_s = time.perf_counter() - t0
-    model = finish(model, method)
     losses = [float(x) for x in log["losses"]]
     diverged = not all(math.isfinite(x) for x in losses)
     b = ctx.size.eval_batch
@@ -357,7 +350,10 @@ def check(env: Env, out: Path, key: str | None = None, *, log=print) -> dict:
     by_key = {P.job_key(env.fingerprint, j, env.cfg): j for j in jobs}
     done = [k for k in by_key if (runs_dir / f"{k}.json").is_file()]
     if key is None:
-        key = next((k for k in done if by_key[k].variant.spec.method == "full"), done[0] if done else None)
+        from lab.aware.methods import get_method
+
+        key = next((k for k in done if get_method(by_key[k].variant.spec.method).role == "reference"),
+                   done[0] if done else None)
         if key is None:
             raise ValueError(f"{out}: no finished run to check")
     if key not in by_key or not (runs_dir / f"{key}.json").is_file():

@@ -28,18 +28,24 @@ import numpy as np
 
 from lab.aware import metrics as M
 
-# which TrainConfig field is each method's own language-model (or adapter) learning rate
-LR_FIELD = {"full": "lr", "lora": "lr_adapter", "dora": "lr_adapter", "aware": "lr_aware"}
-GRIDS = {"full": (1e-5, 2e-5, 5e-5), "lora": (1e-4, 3e-4, 1e-3), "aware": (2e-5, 1e-4, 3e-4, 1e-3)}
+def default_grids() -> dict[str, tuple[float, ...]]:
+    """``{method: grid}`` of every tunable method, from the methods registry (reference first)."""
+    from lab.aware.methods import get_method, tunable_methods
+
+    return {m: tuple(get_method(m).grid) for m in tunable_methods()}
 
 
 def check_grids(grids: dict) -> dict:
-    """``{method: (lr, ...)}`` with full fine-tuning included and every lr > 0 (checked before work)."""
-    unknown = set(grids) - set(LR_FIELD)
+    """``{method: (lr, ...)}`` with the reference (full fine-tuning) included and every lr > 0
+    (checked before work)."""
+    from lab.aware.methods import reference_method, tunable_methods
+
+    unknown = set(grids) - set(tunable_methods())
     if unknown:
-        raise ValueError(f"cannot tune {sorted(unknown)}; tunable methods: {list(LR_FIELD)}")
-    if "full" not in grids:
-        raise ValueError("the grids must include 'full': E of every other method is relative to it")
+        raise ValueError(f"cannot tune {sorted(unknown)}; tunable methods: {list(tunable_methods())}")
+    ref = reference_method()
+    if ref not in grids:
+        raise ValueError(f"the grids must include {ref!r}: E of every other method is relative to it")
     from lab._validate import learning_rate
 
     for m, lrs in grids.items():
@@ -66,11 +72,14 @@ def validation_context(ctx, task: str, n_val: int, *, cache_dir=None, progress: 
 
 def choose(rows: list[dict]) -> dict[str, float]:
     """The protocol's choice from candidate rows ``{method, lr, downstream, H}`` (see module doc)."""
+    from lab.aware.methods import reference_method
+
+    ref = reference_method()
     by = lambda m: [r for r in rows if r["method"] == m]  # noqa: E731
     best = lambda rs, key: max(rs, key=lambda r: (np.nan_to_num(r[key], nan=-1.0), -r["lr"]))["lr"]  # noqa: E731
-    out = {"full": best(by("full"), "downstream")}
+    out = {ref: best(by(ref), "downstream")}
     for m in dict.fromkeys(r["method"] for r in rows):
-        if m != "full":
+        if m != ref:
             out[m] = best(by(m), "H")
     return out
 
@@ -85,13 +94,13 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n
 
     from lab import runs
     from lab._io import write_json, write_table
-    from lab.aware.methods import MethodSpec, uses_saliency
+    from lab.aware.methods import MethodSpec, lr_field, reference_method, uses_saliency
     from lab.aware.saliency import profile
     from lab.experiments.aware.ablate import Variant, VariantRun, run_variants
     from lab.experiments.aware.context import MAIN, upstream
     from lab.experiments.aware.profiling import calibration_batches
 
-    grids = check_grids(dict(GRIDS if grids is None else grids))
+    grids = check_grids(dict(default_grids() if grids is None else grids))
     if task not in ctx.down:
         raise ValueError(f"this context has no downstream task {task!r} (it has {sorted(ctx.down)})")
     if n_val < 1:
@@ -109,7 +118,7 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n
         sal = profile(val.base, calibration_batches(val.calib[key], val.enc), targets=MAIN.targets, progress=progress)
     runs_ = []
     todo = [(method, lr, seed, VariantRun(Variant("tune", f"{method}@{lr:g}", MethodSpec(method, MAIN),
-                                                  train=replace(ctx.size.train, **{LR_FIELD[method]: lr})),
+                                                  train=replace(ctx.size.train, **{lr_field(method): lr})),
                                           task, seed, progress=progress))   # the candidate lr travels in the variant
             for method, lrs in grids.items() for lr in lrs for seed in seeds]
     done = run_variants(val, [t[-1] for t in todo], before=before, saliency={key: sal} if sal is not None else {},
@@ -125,8 +134,9 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n
     mean = per_seed.groupby(["method", "lr"], sort=False)[["downstream", "up_easy_vqa", "R", "trainable_frac", "train_s"]].mean()
     mean["seeds"] = len(seeds)
     rows = mean.reset_index().to_dict("records")
-    full = {r["lr"]: r["downstream"] for r in rows if r["method"] == "full"}
-    chosen_full = choose([r for r in rows if r["method"] == "full"])["full"]   # full is chosen on accuracy alone
+    ref = reference_method()
+    full = {r["lr"]: r["downstream"] for r in rows if r["method"] == ref}
+    chosen_full = choose([r for r in rows if r["method"] == ref])[ref]   # the reference: on accuracy alone
     for r in rows:
         r["E"] = M.efficiency(r["downstream"], full[chosen_full])
         r["H"] = M.h_score(r["R"], r["E"])
@@ -143,7 +153,9 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n
 
 
 def flags(chosen: dict[str, float]) -> str:
-    """Command-line flags that apply ``chosen`` (DoRA shares LoRA's ``--lr-adapter``)."""
-    names = {"lr": "--lr", "lr_adapter": "--lr-adapter", "lr_aware": "--lr-aware"}
-    out = {names[LR_FIELD[m]]: lr for m, lr in chosen.items()}
+    """Command-line flags that apply ``chosen``: each method's registry ``lr_field`` as ``--lr-field``
+    (DoRA shares LoRA's ``--lr-adapter``)."""
+    from lab.aware.methods import lr_field
+
+    out = {"--" + lr_field(m).replace("_", "-"): lr for m, lr in chosen.items()}
     return " ".join(f"{k} {v:g}" for k, v in out.items())

@@ -3,6 +3,7 @@ bootstrap intervals, and the tables notebook 04 reads (on the random tiny model:
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -286,8 +287,25 @@ def test_a_new_method_is_one_registry_entry_and_appears_in_a_study(tmp_path):
         res = shipped.run_study(cfg, tmp_path / "s", command="test", cache_dir=tmp_path / "c", progress=False)
         assert "methods/toy-projector" in set(res["summary"].variant)
         assert set(res["tuning"][res["tuning"].variant == "methods/toy-projector"].lr) == {1e-4, 1e-3}
+        from lab.experiments.aware import tune
+
+        assert tune.default_grids()["toy-projector"] == (1e-4, 1e-3)      # lab aware tune's default grid
+        assert tune.flags({"toy-projector": 1e-3}) == "--lr-projector 0.001"
     finally:
         METHODS.unregister("toy-projector")
+
+
+def test_the_run_pipeline_names_no_method_outside_the_registry():
+    """Roles, lr fields, grids and table columns come from :mod:`lab.aware.methods`; the modules
+    that plan, run, tune and tabulate compare no method name (variant labels are data, not code)."""
+    import re
+
+    pipeline = ("plan", "runner", "tune", "ablate", "study_tables", "continual", "finetune")
+    here = Path(plan.__file__).parent
+    pat = re.compile(r"""(==|!=|\bin)\s*\(?\s*["'](full|lora|dora|zero-shot)["']""")
+    bad = [f"{m}.py:{i}: {ln.strip()}" for m in pipeline
+           for i, ln in enumerate((here / f"{m}.py").read_text().splitlines(), 1) if pat.search(ln)]
+    assert not bad, "\n".join(bad)
 
 
 def test_check_reruns_a_finished_run_and_finds_the_same_answers(smoke_study, tmp_path):
