@@ -1,6 +1,6 @@
 """The interactive lab in a real browser: JupyterLab (started as ``lab jupyter`` starts it) in
-headless Chromium runs notebooks 01, 02 and 04 with their smoke parameters through the page (Run
-All Cells), then moves one control of each notebook's panel through the widget DOM and checks
+headless Chromium runs notebooks 01, 02, 04 and 05 with their smoke parameters through the page
+(Run All Cells), then moves one control of each notebook's panel through the widget DOM and checks
 what a student sees: the figure INSIDE the panel redraws (new title or data), nothing new appears
 anywhere else in the notebook, no figure sits outside the panel in the panel's cell, and the
 browser console stays free of errors. Also measures how long after the control change the panel's
@@ -44,7 +44,8 @@ SERVER_START_S = 90
 RUN_ALL_S = 240           # one notebook's Run All Cells with smoke parameters
 REDRAW_S = 60             # a control change until the panel's figure changes
 PAGE_TIMEOUT_MS = 30_000
-PANEL_NOTEBOOKS = ("01_ventral_vs_prefrontal", "02_tosca_sparsity_orthogonality", "04_aware_ablations")
+PANEL_NOTEBOOKS = ("01_ventral_vs_prefrontal", "02_tosca_sparsity_orthogonality", "04_aware_ablations",
+                   "05_your_own_idea")
 NOTEBOOK7_NOTEBOOK = "panel_only"  # notebook 04's panel alone (see _write_panel_notebook)
 
 # JupyterLab settings for the test: every cell stays in the DOM (no windowing) so the page can be
@@ -386,6 +387,39 @@ def test_ablation_panel_reselects_masks_inside_the_panel(notebook, lab_page):
     page, console = lab_page
     notebook(PANEL_NOTEBOOKS[2])
     _ablation_panel_reselects(page, console, "")
+
+
+# the text each figure in the panel's output area draws (axis ticks, table cells), whitespace removed:
+# plotly wraps a long cell into <tspan> lines, whose textContent joins them without a space
+_PANEL_TEXT = """() => [...document.querySelectorAll('.lab-panel .lab-panel-output .js-plotly-plot')]
+  .map(d => [...d.querySelectorAll('.main-svg text')].map(t => t.textContent.replace(/\\s+/g, '')).join('|'))"""
+
+
+def test_router_panel_adds_a_builtin_inside_the_panel(notebook, lab_page):
+    """Notebook 05: ctrl+click a built-in in the "against" list (smoke: per-sample and ncm picked of
+    per-sample, energy, ncm, oracle); the paired differences, the means and the table in the panel
+    gain it, from the per-seed results already computed (nothing re-trained)."""
+    page, console = lab_page
+    notebook(PANEL_NOTEBOOKS[3])
+    picked = page.locator(".lab-panel .widget-select-multiple select")
+    assert [o.strip() for o in picked.locator("option").all_inner_texts()] == ["per-sample", "energy", "ncm", "oracle"]
+    text_before = page.evaluate(_PANEL_TEXT)
+    status_before = page.evaluate(_STATUS)
+    before, after = _change_and_wait(
+        page, "05 router panel: against += energy",
+        lambda: picked.locator("option", has_text=re.compile(r"^energy$")).click(modifiers=["Control"]),
+        lambda figs: '"energy"' in figs[0]["data"] and '"energy"' in figs[1]["data"])
+    assert all('"energy"' not in f["data"] for f in before) and "energy" not in status_before
+    assert "energy" in after[0]["title"] and "energy" in page.evaluate(_STATUS)  # the headline names it
+    text_after = page.evaluate(_PANEL_TEXT)
+    # every row of the table is drawn (plotly draws only the rows its height leaves room for)
+    assert all(f"prototype-check−{b}" in text_before[2] for b in ("per-sample", "ncm")), text_before[2]
+    assert "prototype-check−energy" not in text_before[2]
+    assert all(f"prototype-check−{b}" in text_after[2] for b in ("per-sample", "energy", "ncm")), text_after[2]
+    assert "oracle" not in " ".join(text_after)  # only the built-in toggled was added
+    assert page.evaluate("() => [...document.querySelectorAll('.lab-panel .widget-select-multiple option')]"
+                         ".filter(o => o.selected).map(o => o.textContent.trim())") == ["per-sample", "energy", "ncm"]
+    assert not console, f"browser console errors: {console}"
 
 
 @pytest.mark.skipif(not HAVE_NOTEBOOK7, reason="the notebook package (Notebook 7) is not installed")

@@ -46,8 +46,10 @@ class RouterComparePanel(Panel):
         if len(table):
             figs.append(go.Figure(go.Table(header=dict(values=list(table.columns), align="left"),
                                            cells=dict(values=[table[c] for c in table.columns], align="left")))
+                        # plotly's default margins (100 px top, 80 bottom) would take the whole height
+                        # and clip every row: small margins, room for a wrapped header and wrapped cells
                         .update_layout(title=f"{candidate} − built-in, paired by seed (95 % t-interval, verdict)",
-                                       height=120 + 32 * len(table)))
+                                       height=110 + 45 * len(table), margin=dict(t=50, b=10, l=10, r=10)))
         d = diffs[diffs.metric == metric]
         result = {"candidate": candidate, "against": against, "metric": metric, "differences": diffs,
                   "table": table, "verdicts": dict(zip(d.against, d.verdict))}
