@@ -219,7 +219,7 @@ def build(env, res: Mapping) -> dict:
         outcomes, texts = [], []
         for a, b, m in parts:
             got = paired(a, b, m) if a in metrics and b in metrics else None
-            why = blocked(a, b, m) if got is not None else f"{b.split('/')[-1]} not run"
+            why = blocked(a, b, m) if got is not None else f"{b.split('/')[-1]} not run yet"
             if got is None or why:
                 outcomes.append("n/a")
                 texts.append(why)
