@@ -1,15 +1,24 @@
 """One TOSCA training step on cached features against its floor, measured in the same run.
 
-The step is the library's: ``Tosca._epochs``' body (LuCA + cosine head forward, ``autograd.grad``,
-the L1 sub-gradient, the SGD-with-momentum update). The floor is the same arithmetic with nothing
-around it: every matmul of the forward and backward pass (the adapter, the calibrator, the head;
-[B, d] x [d, r] shapes, written into buffers allocated once) plus one pass of the update over the
-parameters (momentum, L1 sign, parameter add) — what any implementation of this step has to do.
+Three closures on the same random cached batch, timed interleaved (rounds of each in turn, so a load
+change on the machine hits all alike):
+
+* ``step``: the library's step, what ``Tosca._epochs`` runs (lab/tosca/_step.py: the 'tosca' flow's
+  gradients without autograd's graph, written into one flat gradient buffer; the L1 + SGD update as
+  five kernels over one flat buffer).
+* ``autograd``: the eager loop's body as it was before (autograd.grad, then ``add_l1_grad`` and
+  ``sgd_step`` per tensor), kept here only to show the change side by side.
+* ``floor``: the bare arithmetic of the same shapes with nothing around it: the 14 matmuls of the
+  forward and backward pass (adapter, calibrator, head; no input gradient for the cached features,
+  as the step needs none) into buffers allocated once, plus the update's five passes over one flat
+  buffer of all parameters (sign, L1 add, momentum scale, momentum add, parameter add). No GELU,
+  LayerNorm, sigmoid, normalisation or CE: what any implementation of this step has to do.
 
     python benchmarks/bench_tosca_step.py                  # efficientnet_lite0 (d=1280) and ViT-B/16 (d=768) shapes
-    python benchmarks/bench_tosca_step.py --threads 1 2 --batch 48
+    python benchmarks/bench_tosca_step.py --threads 1 2 --batch 48 --rounds 5
 
-Prints one line per (shape, threads): step ms, floor ms and their ratio (target <= 1.5).
+Prints one line per (shape, threads): median ms of each and the ratios to the floor (median over
+rounds, and the range of the per-round ratios); target: step <= 1.5x floor.
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 SHAPES = {"lite0 d=1280 K=10": (1280, 10), "vit-b16 d=768 K=100": (768, 100)}
+LR, L1, MOMENTUM = 1e-3, 5e-4, 0.9
 
 
 def _time(fn, reps: int, inner: int = 20) -> float:
@@ -36,15 +46,30 @@ def _time(fn, reps: int, inner: int = 20) -> float:
     return statistics.median(out)
 
 
-def library_step(d: int, k: int, batch: int):
-    """A closure running one step of the library's eager loop on random cached features."""
+def _batch_and_modules(d: int, k: int, batch: int):
     from lab.tosca.head import CosineHead
-    from lab.tosca.learner import add_l1_grad, sgd_step
     from lab.tosca.luca import LuCA
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(batch, d, generator=g), torch.randint(0, k, (batch,), generator=g)
-    luca, head = LuCA(d), CosineHead(d, k)
+    return x, y, LuCA(d), CosineHead(d, k)
+
+
+def library_step(d: int, k: int, batch: int):
+    """A closure running one step of the library's eager loop (``TrainStep``) on random cached features."""
+    from lab.tosca._step import TrainStep
+    from lab.tosca.learner import ToscaConfig
+
+    x, y, luca, head = _batch_and_modules(d, k, batch)
+    step = TrainStep(luca, head, ToscaConfig(l1=L1, momentum=MOMENTUM))
+    return lambda: step(x, y, LR)
+
+
+def autograd_step(d: int, k: int, batch: int):
+    """The eager loop's body before lab/tosca/_step.py: autograd, then the per-tensor update."""
+    from lab.tosca.learner import add_l1_grad, sgd_step
+
+    x, y, luca, head = _batch_and_modules(d, k, batch)
     params = [*luca.parameters(), *head.parameters()]
     n_luca = len(list(luca.parameters()))
     bufs = [torch.zeros_like(p) for p in params]
@@ -52,46 +77,65 @@ def library_step(d: int, k: int, batch: int):
     def step():
         ce = F.cross_entropy(head(luca(x)), y)
         grads = list(torch.autograd.grad(ce, params))
-        add_l1_grad(params[:n_luca], grads[:n_luca], 5e-4)
-        sgd_step(params, grads, bufs, lr=1e-3, momentum=0.9)
+        add_l1_grad(params[:n_luca], grads[:n_luca], L1)
+        sgd_step(params, grads, bufs, lr=LR, momentum=MOMENTUM)
     return step
 
 
+def _views(buf: torch.Tensor, shapes):
+    """Consecutive views of ``buf`` with the given 2-d shapes."""
+    out, off = [], 0
+    for rows, cols in shapes:
+        out.append(buf[off:off + rows * cols].view(rows, cols))
+        off += rows * cols
+    return out
+
+
 def floor_step(d: int, k: int, batch: int):
-    """The bare arithmetic of the same step: 3 matmuls per linear layer (forward, input grad, weight
-    grad) into preallocated buffers, and the update's passes over the parameters."""
+    """The bare arithmetic of the same step: per linear layer the forward matmul, the weight
+    gradient and (except the first layer: cached features need no gradient) the input gradient,
+    into preallocated buffers; then the update's five passes over one flat parameter buffer."""
     r = d // 16
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, d, generator=g)
-    layers = [(d, r), (r, d), (d, r), (r, d), (d, k)]      # down, up, se_down, se_up, head
-    w = [torch.randn(o, i, generator=g) * 0.01 for i, o in layers]
+    layers = [(d, r), (r, d), (d, r), (r, d), (d, k)]      # (in, out): down, up, se_down, se_up, head
+    shapes = [(o, i) for i, o in layers]
+    n = sum(i * o for i, o in layers) + r + 3 * d + 1     # + down/up biases, LayerNorm, σ
+    n_l1 = n - d * k - 1                                   # the LuCA's share carries the L1 term
+    params, grads, momentum, sign = (torch.zeros(n) for _ in range(4))
+    torch.nn.init.normal_(params, std=0.01, generator=g)
+    w, gw = _views(params, shapes), _views(grads, shapes)
     acts = [torch.empty(batch, o) for _, o in layers]
     gin = [torch.empty(batch, i) for i, _ in layers]
-    gw = [torch.empty(o, i) for i, o in layers]
-    ins = [x, acts[0], acts[1], acts[2], acts[3]]
+    ins = [x, *acts[:-1]]
     grad_out = [torch.randn(batch, o, generator=g) for _, o in layers]
-    params = w + [torch.zeros(n) for n in (r, d, d, d)]     # weights + down/up biases + LayerNorm
-    grads = gw + [torch.zeros(n) for n in (r, d, d, d)]
-    bufs = [torch.zeros_like(p) for p in params]
 
     def step():
         for a, wi, out in zip(ins, w, acts):
             torch.mm(a, wi.t(), out=out)
         for go, wi, gi, a, gwi in zip(grad_out, w, gin, ins, gw):
-            torch.mm(go, wi, out=gi)
+            if a is not x:
+                torch.mm(go, wi, out=gi)
             torch.mm(go.t(), a, out=gwi)
-        torch._foreach_add_(grads, torch._foreach_sign(params), alpha=5e-4)
-        torch._foreach_mul_(bufs, 0.9)
-        torch._foreach_add_(bufs, grads)
-        torch._foreach_add_(params, bufs, alpha=-1e-3)
+        torch.sign(params[:n_l1], out=sign[:n_l1])
+        grads[:n_l1].add_(sign[:n_l1], alpha=L1)
+        momentum.mul_(MOMENTUM)
+        momentum.add_(grads)
+        params.add_(momentum, alpha=-LR)
     return step
+
+
+def _ratio_range(num, den) -> str:
+    r = [a / b for a, b in zip(num, den)]
+    return f"{statistics.median(r):5.2f} ({min(r):.2f}-{max(r):.2f})"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--batch", type=int, default=48)
-    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (each times every closure)")
+    p.add_argument("--reps", type=int, default=3, help="timings of 20 calls per closure and round (median)")
     p.add_argument("--alloc", choices=("on", "off"), default="on",
                    help="on: lab._alloc.tune_allocator() first, as the library's training does")
     a = p.parse_args(argv)
@@ -100,22 +144,24 @@ def main(argv=None) -> int:
 
         tune_allocator()
     old = torch.get_num_threads()
-    print(f"{'shape':22s} {'threads':>7s} {'step ms':>8s} {'floor ms':>9s} {'ratio':>6s}")
+    print(f"{'shape':20s} {'thr':>3s} {'step ms':>8s} {'autograd':>8s} {'floor ms':>8s}"
+          f"  {'step/floor (range)':>19s}  {'autograd/floor (range)':>22s}")
     worst = 0.0
     for name, (d, k) in SHAPES.items():
         for n in a.threads:
             torch.set_num_threads(n)
-            lib, flo = library_step(d, k, a.batch), floor_step(d, k, a.batch)
-            # interleaved, so a load change on the machine hits both alike
-            ts, tf = [], []
-            for _ in range(3):
-                ts.append(_time(lib, a.reps // 3 or 1))
-                tf.append(_time(flo, a.reps // 3 or 1))
-            s, f = statistics.median(ts), statistics.median(tf)
-            worst = max(worst, s / f)
-            print(f"{name:22s} {n:7d} {s:8.3f} {f:9.3f} {s / f:6.2f}")
+            fns = {"step": library_step(d, k, a.batch), "autograd": autograd_step(d, k, a.batch),
+                   "floor": floor_step(d, k, a.batch)}
+            t = {key: [] for key in fns}
+            for _ in range(a.rounds):  # interleaved, so a load change on the machine hits all alike
+                for key, fn in fns.items():
+                    t[key].append(_time(fn, a.reps))
+            med = {key: statistics.median(v) for key, v in t.items()}
+            worst = max(worst, statistics.median([s / f for s, f in zip(t["step"], t["floor"])]))
+            print(f"{name:20s} {n:3d} {med['step']:8.3f} {med['autograd']:8.3f} {med['floor']:8.3f}"
+                  f"  {_ratio_range(t['step'], t['floor']):>19s}  {_ratio_range(t['autograd'], t['floor']):>22s}")
     torch.set_num_threads(old)
-    print(f"worst ratio {worst:.2f} (target <= 1.5)")
+    print(f"worst step/floor {worst:.2f} (target <= 1.5)")
     return 0
 
 

@@ -19,13 +19,13 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lab._alloc import tune_allocator
 
 from .head import CosineHead, check_scale_param, class_means
 from ._optim import add_l1_grad, cosine_lr, sgd_step  # noqa: F401  (re-exported)
+from ._step import TrainStep
 from .luca import LuCA, check_flow
 from .ridge import PROJ_DIM, RidgeRouter
 
@@ -213,23 +213,21 @@ class Tosca(nn.Module):
                             scatter_count=self.scatter_count, task_of_class=task_of_class, ridge=self.ridge)
 
     def _epochs(self, luca, x, y, batch_features, gen):
-        """The eager loop; yields (epoch, lr, mean CE) after each epoch."""
+        """The eager loop; yields (epoch, lr, mean CE) after each epoch. Each step is
+        ``CE(head(luca(features)), y) + l1·Σ|p_luca|`` and one SGD-momentum update (lab/tosca/_step.py:
+        flat buffers, and the 'tosca' flow's gradients without autograd's graph)."""
         cfg, dev = self.config, self.config.device
-        params = [*luca.parameters(), *self.head.parameters()]
-        n_luca = len(list(luca.parameters()))
-        bufs = [torch.zeros_like(p) for p in params]
-        for epoch in range(cfg.epochs):
-            lr = cosine_lr(cfg, epoch)
-            ce_sum = torch.zeros((), device=dev)
-            perm = torch.randperm(len(y), generator=gen).to(dev)
-            for idx in perm.split(cfg.batch_size):
-                logits = self.head(luca(batch_features(idx)))  # [B, classes seen so far]
-                ce = F.cross_entropy(logits, y[idx])
-                grads = list(torch.autograd.grad(ce, params))
-                add_l1_grad(params[:n_luca], grads[:n_luca], cfg.l1)  # loss = ce + l1·Σ|p_luca|
-                sgd_step(params, grads, bufs, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-                ce_sum += ce.detach() * len(idx)
-            yield epoch, lr, float(ce_sum) / len(y)
+        step = TrainStep(luca, self.head, cfg)
+        try:
+            for epoch in range(cfg.epochs):
+                lr = cosine_lr(cfg, epoch)
+                ce_sum = torch.zeros((), device=dev)
+                perm = torch.randperm(len(y), generator=gen).to(dev)
+                for idx in perm.split(cfg.batch_size):
+                    ce_sum += step(batch_features(idx), y[idx], lr) * len(idx)
+                yield epoch, lr, float(ce_sum) / len(y)
+        finally:
+            step.close()
 
     @torch.no_grad()
     def all_logits(self, x: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
