@@ -28,6 +28,17 @@ def _isolated_dirs(tmp_path_factory):
     yield
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Torch at one intra-op thread for the test, the caller's count restored afterwards."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def lite0():
     from lab import backbones

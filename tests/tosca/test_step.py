@@ -16,11 +16,8 @@ from lab.tosca.luca import FLOWS, LuCA
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_torch_thread):
+    """Every test here at one intra-op thread (the numbers are a property of the thread count)."""
 
 
 def _modules(d, k, batch, param, seed, zero_rows=0):
