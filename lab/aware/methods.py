@@ -237,9 +237,12 @@ def tunable_methods() -> tuple[str, ...]:
     return tuple(sorted(names, key=lambda n: get_method(n).role != "reference"))
 
 
-def table_columns(spec: MethodSpec) -> dict:
-    """What a results table says about ``spec``: ``rho`` and ``rule`` where the method freezes selected
-    rows (NaN and '' otherwise), and the ``targets`` it trains ('all': the whole model, or nothing)."""
+def table_columns(spec: MethodSpec, calib: str = "", calib_n: int = 0) -> dict:
+    """What a results table says about ``spec``: ``rho``, ``rule`` and the calibration set (``calib``,
+    ``calib_n``) where the method freezes selected rows (NaN, '' and 0 otherwise), and the ``targets``
+    it trains ('all': the whole model, or nothing)."""
     m = get_method(spec.method)
-    return {"rho": spec.aware.rho if m.selects_rows else float("nan"), "rule": spec.aware.rule if m.selects_rows else "",
-            "targets": spec.aware.targets if m.has_targets else "all"}
+    sel = m.selects_rows
+    return {"rho": spec.aware.rho if sel else float("nan"), "rule": spec.aware.rule if sel else "",
+            "targets": spec.aware.targets if m.has_targets else "all",
+            "calib": calib if sel else "", "calib_n": calib_n if sel else 0}

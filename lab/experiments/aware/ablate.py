@@ -101,10 +101,8 @@ def run_variant(ctx: Context, v: Variant, task: str, seed: int, *, before: Mappi
     up = dict(before) if not lr_field(spec.method) and before else upstream(model, ctx)
     down = evaluate(model, ctx.down[task].test, ctx.enc, batch_size=ctx.size.eval_batch)["acc"]
     skills = [k for k in ("easy_vqa", "probe") if k in up]
-    cols = table_columns(spec)
-    rows_sel = get_method(spec.method).selects_rows
-    row = {"group": v.group, "variant": v.label, "method": spec.method, "seed": seed, "task": task, **cols,
-           "calib": v.calib if rows_sel else "", "calib_n": v.calib_key(ctx.size)[1] if rows_sel else 0,
+    row = {"group": v.group, "variant": v.label, "method": spec.method, "seed": seed, "task": task,
+           **table_columns(spec, *v.calib_key(ctx.size)),
            "downstream": down, **{f"up_{k}": up[k] for k in up},
            "R_easy_vqa": M.retention(before["easy_vqa"], up["easy_vqa"]),
            "R_probe": M.retention(before["probe"], up["probe"]) if "probe" in up else np.nan,

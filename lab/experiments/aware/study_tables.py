@@ -14,7 +14,7 @@ from typing import Mapping
 import numpy as np
 
 from lab.experiments.aware import intervals as I
-from lab.aware.methods import get_method, table_columns
+from lab.aware.methods import table_columns
 
 SETS = ("down", "easy_vqa", "probe")
 EQUIVALENCE_H = 5.0   # H points: "almost as good" (the proxy finding) means the interval lies within +-5
@@ -156,12 +156,10 @@ def build(env, res: Mapping) -> dict:
     run_rows = []
     for r in test:
         v = vinfo[r["variant"]]
-        aw = get_method(v.spec.method).selects_rows
         a = {st: _acc(r["answers"][st]) for st in SETS}
         m = per[r["variant"]][int(r["seed"])]
         run_rows.append({"variant": r["variant"], "group": v.group, "label": v.label, "method": v.spec.method,
-                         **table_columns(v.spec),
-                         "calib": v.calib if aw else "", "calib_n": (v.calib_n or cfg.n_calib) if aw else 0,
+                         **table_columns(v.spec, v.calib, v.calib_n or cfg.n_calib),
                          "seed": int(r["seed"]), "lr": r["lr"], "downstream": a["down"], "up_easy_vqa": a["easy_vqa"],
                          "up_probe": a["probe"], "R_easy_vqa": float(m["R_easy_vqa"][0]),
                          "R_probe": float(m["R_probe"][0]), "R": float(m["R"][0]), "E": float(m["E"][0]),
