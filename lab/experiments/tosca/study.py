@@ -217,7 +217,8 @@ def parser(prog: str = "lab tosca study") -> argparse.ArgumentParser:
                    help="study folder (default: a new runs/tosca/study-... folder; the shipped study is "
                         "--out results/tosca)")
     p.add_argument("--replace", action="store_true",
-                   help="allow writing over a study in --out that was made with other settings")
+                   help="allow writing over a study in --out that was made with other settings (the new study is "
+                        "written beside it and swapped in as a whole; other files in the folder are kept)")
     p.add_argument("--executor", default="local", choices=("local", "ray"),
                    help="local: one variant after another; ray: one Ray task per variant (finished variants "
                         "are kept in OUT/variants/ and skipped when the same command runs again)")
@@ -275,8 +276,8 @@ def _main(args, argv, prog) -> int:
             then = read_json(old)
         except Exception:
             then = {}
-        same = (then.get("base_config") == base.to_dict() and then.get("scenarios") in (None, list(args.scenarios))
-                and then.get("seeds") in (None, list(args.seeds)))
+        same = then.get("base_config") == base.to_dict() and all(
+            then.get(k, v) == v for k, v in _settings(args).items())     # older manifests lack some keys
         if not same:
             raise ValueError(f"--out {args.out} holds a study made with other settings ({then.get('command', '?')}); "
                              "give another --out, or --replace to write over it")
@@ -298,16 +299,50 @@ def _main(args, argv, prog) -> int:
     wall = time.perf_counter() - t0
     import pandas as pd
 
-    _write_csv(out / "runs.csv", pd.DataFrame(rows))
-    _write_csv(out / "summary.csv", summarise(rows))
-    manifest = {"command": f"{prog} " + " ".join(argv), "scenarios": list(args.scenarios), "seeds": list(args.seeds),
+    manifest = {"command": f"{prog} " + " ".join(argv), **_settings(args),
                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "machine": machine(), "executor": args.executor,
                 "wall_seconds": round(wall, 1), "runs": len(configs), "base_config": base.to_dict(),
-                "sources_sha256": sources, "sha256": table_hashes(out)}
-    _io.write_json(out / "manifest.json", manifest)
+                "sources_sha256": sources}
+
+    def write(new: Path) -> None:
+        _link_tree(out, new, skip=STUDY_FILES)      # variants/ and other commands' files come along
+        _write_csv(new / "runs.csv", pd.DataFrame(rows))
+        _write_csv(new / "summary.csv", summarise(rows))
+        _io.write_json(new / "manifest.json", {**manifest, "sha256": table_hashes(new)})
+
+    _io.replace_dir(out, write)   # one swap: a reader sees the old study or the new one, never half of each
     print(f"wrote {out}/runs.csv, summary.csv, manifest.json ({wall:.0f} s)")
     return 0
+
+
+def _settings(args) -> dict:
+    """What, beside the base config, makes two studies the same study (recorded in the manifest)."""
+    return {"scenarios": list(args.scenarios), "seeds": list(args.seeds), "baselines": list(args.baselines),
+            "flow_scenarios": None if args.flow_scenarios is None else list(args.flow_scenarios)}
+
+
+STUDY_FILES = ("runs.csv", "summary.csv", "manifest.json")
+
+
+def _link_tree(src: Path, dst: Path, *, skip=()) -> None:
+    """Every entry of ``src`` but ``skip`` into ``dst``, as hard links (a copy where links fail)."""
+    import os
+    import shutil
+
+    def link(a, b):
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    for entry in src.iterdir():
+        if entry.name in skip:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.copytree(entry, dst / entry.name, copy_function=link)
+        else:
+            link(entry, dst / entry.name)
 
 
 def table_hashes(out, files=("runs.csv", "summary.csv")) -> dict:

@@ -132,6 +132,29 @@ def test_run_evaluates_the_requested_routers(tmp_path):
     assert res.info["headline_routing"] == "ncm"
 
 
+def test_ridge_settings_reach_the_router_and_leave_other_hashes_alone(tmp_path, monkeypatch):
+    """--ridge-dim/--ridge-lambda reach the RidgeRouter the ``ridge`` router uses; a config that does not
+    set them hashes as before the fields existed (cached runs and sweeps stay valid)."""
+    from lab.experiments.tosca import run as R
+    from lab.tosca import ridge
+
+    assert "ridge_dim" not in RunConfig().to_dict() and "ridge_lambda" not in RunConfig().to_dict()
+    built = []
+    real = ridge.RidgeRouter.__init__
+
+    def spy(self, dim, proj_dim=ridge.PROJ_DIM, **kw):
+        built.append((proj_dim, kw.get("lam")))
+        real(self, dim, proj_dim, **kw)
+
+    monkeypatch.setattr(ridge.RidgeRouter, "__init__", spy)
+    data = synthetic_data(num_tasks=2, dim=8, seed=7)
+    res = R.run(RunConfig(epochs=1, routings=("ridge",), ridge_dim=64, ridge_lambda=10.0), data=data,
+                runs_root=tmp_path, progress=False)
+    assert built == [(64, 10.0)] and "ridge" in list(res.summary.routing)
+    with pytest.raises(ValueError, match="ridge among|'ridge' among"):
+        RunConfig(ridge_dim=64)                      # no ridge router to set
+
+
 def test_study_variants_are_a_pure_product_of_frozen_configs():
     from lab.experiments.tosca import study
 
@@ -157,3 +180,47 @@ def test_t_interval_by_hand():
     mean, half = t_interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and half == pytest.approx(4.302652729911275 * 1.0 / 3 ** 0.5)
     assert t_interval([5.0])[1] != t_interval([5.0])[1]  # NaN with one seed
+
+
+def test_study_replaces_its_folder_as_a_whole(tmp_path, monkeypatch, capsys):
+    """A study is written into a new folder beside --out and swapped in: a failure while writing leaves
+    the old study exactly as it was (finished variants kept for the rerun); a finished one carries the folder's other files along; a study made
+    with other settings (here: another baseline) is refused without --replace."""
+    import hashlib
+
+    from lab.experiments.tosca import study
+
+    out = tmp_path / "study"
+    argv = ["--scenarios", "fashion_mnist_mini", "--seeds", "1993", "--epochs", "1", "--resolution", "32",
+            "--flow-scenarios", "--executor", "local", "--out", str(out)]
+
+    def digests():
+        return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(out.rglob("*")) if p.is_file()}
+
+    assert study.main([*argv, "--baselines"]) == 0
+    (out / "efficiency_time.csv").write_text("another command's table\n")
+    before = digests()
+    assert study.main([*argv, "--baselines", "ncm"]) == 2       # other settings, no --replace
+    assert "--replace" in capsys.readouterr().err and digests() == before
+
+    def disk_full(rows):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(study, "summarise", disk_full)
+    assert study.main([*argv, "--baselines", "ncm", "--replace"]) == 2
+    now = digests()         # finished variants are kept (the rerun skips them); nothing else changed
+    assert {k: now[k] for k in before} == before, "a failed write changed the old study"
+    assert all(k.startswith("variants/") for k in set(now) - set(before))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study"], "the half-written folder was left behind"
+
+    monkeypatch.undo()
+    assert study.main([*argv, "--baselines", "ncm", "--replace"]) == 0
+    after = digests()
+    assert after["efficiency_time.csv"] == before["efficiency_time.csv"]
+    assert {k for k in before if k.startswith("variants/")} <= set(after)
+    from lab._io import read_json
+
+    m = read_json(out / "manifest.json")
+    assert m["baselines"] == ["ncm"] and m["sha256"] == {k: after[k] for k in ("runs.csv", "summary.csv")}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study"]
