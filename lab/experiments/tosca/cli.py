@@ -97,6 +97,11 @@ def register(subparsers) -> None:
     p.add_argument("--ratio", type=int, default=16, help="LuCA bottleneck r = d // ratio (default 16)")
     p.add_argument("--flow", default="tosca", choices=TOSCA_FLOWS,
                    help="LuCA flow (default tosca; the others are the reference's ablations)")
+    p.add_argument("--ridge-dim", type=int, default=None, metavar="D",
+                   help="the ridge router's random-projection dimension (default 2000; the authors' 15000; "
+                        "needs ridge among --routings)")
+    p.add_argument("--ridge-lambda", type=float, default=None, metavar="LAMBDA",
+                   help="the ridge router's regularisation λ (default 1e3, the authors')")
     p.add_argument("--per-batch-size", type=int, default=48, help="test batch of the per-batch protocol (default 48)")
     p.add_argument("--device", default="cpu", help="device of the feature pass and the TOSCA modules (default cpu; "
                                                    "cuda: features in bf16 autocast)")
@@ -165,7 +170,8 @@ def _shown(args, dest: str) -> str:
 APPLIES = (
     (("routing", "routings", "per_batch_size"), lambda name, info: info["routed"],
      "it is not routed: one model, no task modules"),
-    (("l1", "ratio", "flow", "luca_init", "head_init", "engine"), lambda name, info: name == "tosca",
+    (("l1", "ratio", "flow", "luca_init", "head_init", "engine", "ridge_dim", "ridge_lambda"),
+     lambda name, info: name == "tosca",
      "it has no LuCA module"),
     (("epochs", "batch_size", "lr", "momentum", "weight_decay", "eta_min"), lambda name, info: info["trains"],
      "it takes no gradient steps"),
@@ -202,6 +208,8 @@ BATCH_MAX = 1_000_000      # --batch-size, --per-batch-size
 L1_MAX = 10.0              # --l1 (the reference: 5e-4)
 WEIGHT_DECAY_MAX = 1.0     # --weight-decay
 HEAD_SCALE_MAX = 1000.0    # --head-scale (the cosine head's initial sigma; the reference: 1)
+RIDGE_DIM_MAX = 100_000    # --ridge-dim (the ridge's [D, D] Gram matrix: 40 GB in float32 here)
+RIDGE_LAMBDA_MAX = 1e12    # --ridge-lambda (RanPAC's grid ends at 1e13)
 
 
 def check_args(args) -> None:
@@ -253,6 +261,15 @@ def check_args(args) -> None:
     dim = backbones.backbone_info(args.backbone)["feature_dim"]
     V.count("--ratio", args.ratio, maximum=dim)
     V.count("--per-batch-size", args.per_batch_size, maximum=BATCH_MAX)
+    if args.ridge_dim is not None:
+        V.count("--ridge-dim", args.ridge_dim, maximum=RIDGE_DIM_MAX)
+    if args.ridge_lambda is not None:
+        V.number("--ridge-lambda", args.ridge_lambda, gt=0, le=RIDGE_LAMBDA_MAX)
+    typed = [d for d in ("ridge_dim", "ridge_lambda") if d in given(args)]
+    if typed and "ridge" not in (*args.routings, args.routing):
+        raise V.BadInput(f"{' '.join(_shown(args, d) for d in typed)}: set the ridge router, which is not among "
+                         f"--routings {' '.join(args.routings)}; add ridge to --routings or leave "
+                         f"{'it' if len(typed) == 1 else 'them'} out")
     if args.runs_dir is not None and not str(args.runs_dir).strip():
         raise V.bad("--runs-dir", args.runs_dir, "must be a folder path (leave the flag out for $LAB_RUNS_DIR "
                                                  "or ./runs)")

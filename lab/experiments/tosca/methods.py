@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from lab.tosca.learner import Tosca, ToscaConfig
-from lab.tosca.ridge import PROJ_DIM, RidgeRouter
+from lab.tosca.ridge import LAMBDA, PROJ_DIM, RidgeRouter
 
 from . import baselines as _baselines  # noqa: F401  (registers the baselines)
 from . import layerwise as _layerwise  # noqa: F401  (registers the layer-wise adapter)
@@ -42,6 +42,7 @@ class ToscaMethod(Method):
     the same numbers) instead of saving a [D, D] Gram matrix with every task."""
 
     ridge_dim = PROJ_DIM  # the ridge router's projection dimension (the authors': 15,000)
+    ridge_lambda = LAMBDA  # the ridge router's λ (the authors')
 
     def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached"):
         super().__init__(dim, cfg, backbone=backbone, mode=mode)
@@ -71,7 +72,7 @@ class ToscaMethod(Method):
     def ridge(self, data: ScenarioData) -> RidgeRouter:
         """The global ridge over every task learned so far (brought up to date from ``data``)."""
         if self._ridge is None:
-            self._ridge = RidgeRouter(self.dim, self.ridge_dim, seed=self.cfg.seed)
+            self._ridge = RidgeRouter(self.dim, self.ridge_dim, seed=self.cfg.seed, lam=self.ridge_lambda)
         while self._ridge.updates < self.model.num_tasks:
             t = self._ridge.updates
             m = data.train_task == t

@@ -29,6 +29,7 @@ from lab.tosca import metrics as M
 from lab.tosca.learner import NonFiniteLoss, ToscaConfig, cpu_threads
 from lab.tosca.routing import PER_BATCH_ORDER, ROUTERS, ROUTINGS, check_routing, route
 
+from .cli import RIDGE_DIM_MAX, RIDGE_LAMBDA_MAX
 from .methods import METHODS, MODES, ScenarioData, create
 
 if TYPE_CHECKING:
@@ -53,6 +54,8 @@ class RunConfig(ToscaConfig):
     name: str = ""  # run-dir label; default "<method>-<datasets>-B<init>Inc<inc>-s<seed>"
     weights: str | None = None  # backbone weights file (as $LAB_VIT_B16_WEIGHTS); None: the registry's
     preprocess: str | None = None  # ViT preprocessing 'reference' | 'timm' (lab.backbones); None: the backbone's
+    ridge_dim: int | None = None  # the ridge router's projection D; None: lab.tosca.ridge.PROJ_DIM (authors: 15,000)
+    ridge_lambda: float | None = None  # the ridge router's λ; None: lab.tosca.ridge.LAMBDA (1e3, the authors')
 
     def __post_init__(self):
         super().__post_init__()  # the method's hyper-parameters
@@ -74,6 +77,15 @@ class RunConfig(ToscaConfig):
         _validate.device("device", self.device)
         if METHODS.info(self.method)["trains"]:  # lr 0 would "train" and report the untrained modules' numbers
             _validate.learning_rate("lr", self.lr)
+        if self.ridge_dim is not None:
+            _validate.count("ridge_dim", self.ridge_dim, maximum=RIDGE_DIM_MAX)
+        if self.ridge_lambda is not None:
+            _validate.number("ridge_lambda", self.ridge_lambda, gt=0, le=RIDGE_LAMBDA_MAX)
+        if (self.ridge_dim, self.ridge_lambda) != (None, None) and (
+                self.method != "tosca" or "ridge" not in self.evaluated_routings):
+            raise ValueError("ridge_dim and ridge_lambda set TOSCA's ridge router: they need method 'tosca' with "
+                             f"'ridge' among its routings (got method {self.method!r}, routings "
+                             f"{', '.join(self.evaluated_routings)})")
 
     def tosca_config(self) -> ToscaConfig:
         """The method's part of this config."""
@@ -90,8 +102,8 @@ class RunConfig(ToscaConfig):
     def to_dict(self) -> dict:
         d = asdict(self)
         d["datasets"], d["routings"] = list(self.datasets), list(self.routings)
-        for k in ("weights", "preprocess"):
-            if d[k] is None:  # runs saved before the field existed still resume
+        for k in ("weights", "preprocess", "ridge_dim", "ridge_lambda"):
+            if d[k] is None:  # runs saved before the field existed still resume (and keep their hash)
                 del d[k]
         return d
 
@@ -331,6 +343,9 @@ def _run(cfg, run_dir, data, progress, routings, prepared=None) -> RunResult:
         data, t_extract, _ = _load_data(cfg, progress, prepared)
     torch.manual_seed(cfg.seed)
     method = create(cfg.method, data.dim, cfg.tosca_config(), backbone=data.backbone, mode=cfg.mode)
+    for field in ("ridge_dim", "ridge_lambda"):     # the ridge router's (ToscaMethod's; see __post_init__)
+        if getattr(cfg, field) is not None:
+            setattr(method, field, getattr(cfg, field))
     stages, epochs = [], []
     bar = tqdm(range(data.num_tasks), desc=f"{cfg.method} tasks", disable=not progress)
     for t in bar:
