@@ -117,6 +117,9 @@ def register(subparsers) -> None:
                    help="study size (shipped: the committed study; smoke: a random tiny model, seconds)")
     q.add_argument("--replace", action="store_true",
                    help="allow writing tables over a study in --out that was made with another preset")
+    q.add_argument("--add-rules", nargs="+", default=None, metavar="NAME",
+                   help="more selection rules for the rule group, beside the preset's (a plugin's, say: `lab "
+                        "plugins`); a study with them is another study, so it needs its own --out")
     q.add_argument("--status", action="store_true", help="print which runs are finished and which are missing; run nothing")
     q.add_argument("--tables-only", action="store_true",
                    help="write the tables from the finished runs (the phases that are complete); run nothing")
@@ -274,23 +277,26 @@ def _size(args):
 REFERENCE_RULE = "activation-global"      # lab.experiments.aware.context.MAIN.rule (no torch here)
 
 
-def _check_rules(args) -> None:
-    """``--rules``: registered AWARe rules (built-in or a plugin's), each once, not the reference rule;
-    one line listing the valid names otherwise. Needs no torch unless a rule plugin is installed."""
+def _check_rules(args, flag: str = "--rules", already: tuple[str, ...] = ()) -> None:
+    """``--rules`` (or ``--add-rules``): registered AWARe rules (built-in or a plugin's), each once, not
+    the reference rule nor one of ``already``; one line listing the valid names otherwise. Needs no
+    torch unless a rule plugin is installed."""
     from lab import _validate as V
     from lab._names import AWARE_RULES
 
-    rules = getattr(args, "rules", None)
+    rules = getattr(args, flag[2:].replace("-", "_"), None)
     if not rules:
         return
     for r in rules:
         if r == REFERENCE_RULE:
-            raise V.bad("--rules", r, "is the reference the rule group compares every rule with (main AWARe, "
-                                      "always run); list the others")
+            raise V.bad(flag, r, "is the reference the rule group compares every rule with (main AWARe, "
+                                 "always run); list the others")
+        if r in already:
+            raise V.bad(flag, r, f"is in the study already (its rules: {', '.join(already)}); list the others")
         if r not in AWARE_RULES:
             valid = [n for n in AWARE_RULES.names() if n != REFERENCE_RULE]
-            raise V.bad("--rules", r, f"unknown AWARe rule; valid rules: {', '.join(valid)}")
-    _no_duplicates("--rules", rules)
+            raise V.bad(flag, r, f"unknown AWARe rule; valid rules: {', '.join(valid)}")
+    _no_duplicates(flag, rules)
 
 
 def _ablate_groups(args) -> tuple[str, ...] | None:
@@ -555,8 +561,13 @@ def cmd_study(args) -> int:
     if args.workers is not None:
         V.count("--workers", args.workers, maximum=1024)
     cfg = PRESETS[args.preset]
+    if args.add_rules:
+        _check_rules(args, "--add-rules", cfg.rules)
+        from dataclasses import replace
+
+        cfg = replace(cfg, rules=(*cfg.rules, *args.add_rules))
     if args.out is None:
-        if args.preset == "shipped":
+        if args.preset == "shipped" and not args.add_rules:
             out = "results/aware"
         else:
             from lab import runs

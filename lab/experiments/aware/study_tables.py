@@ -47,6 +47,15 @@ FINDINGS = (
 )
 
 
+def comparisons_of(variant_ids) -> tuple:
+    """:data:`HEADLINE`, then main AWARe against every rule the study adds beyond it (a plugin's,
+    ``lab aware study --add-rules``), on the same metrics as the built-in rules."""
+    named = {b for _, _, b, _ in HEADLINE}
+    extra = tuple((f"activation vs {v.split('/', 1)[1]}", "methods/aware", v, ("R", "E", "H"))
+                  for v in variant_ids if v.startswith("rule/") and v not in named)
+    return HEADLINE + extra
+
+
 def _acc(a) -> float:
     return float(np.mean(a)) if len(a) else float("nan")
 
@@ -198,7 +207,7 @@ def build(env, res: Mapping) -> dict:
         return None
 
     comp_rows = []
-    for name, a, b, ms in HEADLINE:
+    for name, a, b, ms in comparisons_of(vinfo):
         if a not in metrics or b not in metrics:
             continue
         for m in ms:
