@@ -46,6 +46,9 @@ def test_every_shipped_run_is_whole_and_belongs_to_the_shipped_plan(study):
     cfg = plan.PRESETS["shipped"]
     recs = _records()
     assert recs, "results/aware/runs holds the finished runs"
+    sequences = {k: recs.pop(k) for k in [k for k in recs if k.startswith("continual-")]}
+    for key, r in sequences.items():      # the continual sequences: whole records of a shipped method
+        assert r["method"] in cfg.to_size().continual_methods and r["rows"] and r["code"] and r["seconds"] > 0, key
     sizes = {"down": cfg.n_eval, "easy_vqa": cfg.n_easy_eval, "probe": cfg.n_probe,
              "val:down": cfg.n_val, "val:easy_vqa": cfg.n_val}
     fp = study["manifest"]["fingerprint"]
