@@ -41,3 +41,7 @@ DEFAULT_BACKBONE = "efficientnet_lite0"                          # lab.backbones
 DEFAULT_DATASET = "fashion_mnist_mini"                           # lab.data.DEFAULT_DATASET
 PREPROCESS = ("reference", "timm")                               # lab.backbones.PREPROCESS
 PRECISIONS = ("auto", "fp32", "bf16")                             # lab.backbones.PRECISIONS
+
+# bounds the command line and lab.experiments.tosca.run.RunConfig both check (here: no torch, no cycle)
+RIDGE_DIM_MAX = 100_000    # the ridge router's projection D (its [D, D] Gram matrix: 40 GB in float32 here)
+RIDGE_LAMBDA_MAX = 1e12    # its λ (RanPAC's grid ends at 1e13)

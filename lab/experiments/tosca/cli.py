@@ -208,8 +208,6 @@ BATCH_MAX = 1_000_000      # --batch-size, --per-batch-size
 L1_MAX = 10.0              # --l1 (the reference: 5e-4)
 WEIGHT_DECAY_MAX = 1.0     # --weight-decay
 HEAD_SCALE_MAX = 1000.0    # --head-scale (the cosine head's initial sigma; the reference: 1)
-RIDGE_DIM_MAX = 100_000    # --ridge-dim (the ridge's [D, D] Gram matrix: 40 GB in float32 here)
-RIDGE_LAMBDA_MAX = 1e12    # --ridge-lambda (RanPAC's grid ends at 1e13)
 
 
 def check_args(args) -> None:
@@ -261,6 +259,8 @@ def check_args(args) -> None:
     dim = backbones.backbone_info(args.backbone)["feature_dim"]
     V.count("--ratio", args.ratio, maximum=dim)
     V.count("--per-batch-size", args.per_batch_size, maximum=BATCH_MAX)
+    from lab._names import RIDGE_DIM_MAX, RIDGE_LAMBDA_MAX
+
     if args.ridge_dim is not None:
         V.count("--ridge-dim", args.ridge_dim, maximum=RIDGE_DIM_MAX)
     if args.ridge_lambda is not None:

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from lab._names import RIDGE_DIM_MAX, RIDGE_LAMBDA_MAX
 from lab.tosca import metrics as M
 from lab.tosca.learner import NonFiniteLoss, ToscaConfig, cpu_threads
 from lab.tosca.routing import PER_BATCH_ORDER, ROUTERS, ROUTINGS, check_routing, route
 
-from .cli import RIDGE_DIM_MAX, RIDGE_LAMBDA_MAX
 from .methods import METHODS, MODES, ScenarioData, create
 
 if TYPE_CHECKING:
