@@ -90,7 +90,8 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
     ``size``: a :class:`Size` or preset name. ``tiny=True`` swaps SmolLM2 for a randomly initialised
     2-layer Llama with a word-level tokenizer over every word the tasks use (seconds; numbers are
     meaningless, code paths are the real ones) and sets torch to one thread. ``downstream=False``
-    builds no downstream task (saliency only); ``tasks_needed`` limits the ones built (default: all;
+    builds no downstream task (saliency only; the alignment pool's visual tokens are then computed
+    only for the rows read, :class:`~lab.experiments.aware.minillava.LazyTokens`); ``tasks_needed`` limits the ones built (default: all;
     each costs a visual-token pass when not cached, see :func:`lab.experiments.aware.ablate.tasks_for`). ``device``: where the
     model runs (default: CUDA when available, else CPU). ``model``: a transformers LLaVA (hub id or
     local folder, :mod:`lab.experiments.aware.hub_llava`) instead of the mini-LLaVA, in ``dtype``
@@ -113,7 +114,9 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
 
         hub = hub_llava.load(model, device=device, dtype=dtype, progress=progress)
         kw["vision"] = hub_llava.raw_images
-    easy = tasks.easy_vqa(n_train=size.n_align, n_test=size.n_easy_eval, **kw)
+    # saliency only: the alignment pool's tokens are read for its calibration rows alone (and for
+    # the alignment, where the projector is not cached yet), so they are computed as they are read
+    easy = tasks.easy_vqa(n_train=size.n_align, n_test=size.n_easy_eval, lazy_train=not downstream, **kw)
     wanted = tasks.DOWNSTREAM if tasks_needed is None else tuple(dict.fromkeys(tasks_needed))
     unknown = set(wanted) - set(tasks.DOWNSTREAM)
     if unknown:

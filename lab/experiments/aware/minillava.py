@@ -19,6 +19,7 @@ With internet, the generic core runs unchanged on a real LLaVA (the paper's mode
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -68,11 +69,35 @@ def load_language_model(name: str = SMOLLM2, *, cache_dir=None, dtype=torch.floa
         return (AutoTokenizer.from_pretrained(plain),
                 AutoModelForCausalLM.from_pretrained(plain, dtype=dtype))
     folder, gguf = smollm2_gguf()
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=dtype)
+    with _one_gguf_parse():
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=dtype)
     _drop_gguf_marker(model)
     _save_atomically(plain, lambda d: (model.save_pretrained(d), tok.save_pretrained(d)))
     return tok, model
+
+
+@contextlib.contextmanager
+def _one_gguf_parse():
+    """transformers reads a GGUF file three times, for the tokenizer, the config and the weights,
+    and each read parses every metadata field in Python (~4 s for SmolLM2's 49,152-entry
+    vocabulary): inside this block a file is parsed once and its (read-only) reader handed out
+    again."""
+    import gguf
+
+    real, readers = gguf.GGUFReader, {}
+
+    def reader(path, *args, **kw):
+        key = (os.fspath(path), args, tuple(sorted(kw.items())))
+        if key not in readers:
+            readers[key] = real(path, *args, **kw)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = real
 
 
 def load_hub_llava(name: str = "llava-hf/llava-1.5-7b-hf", *, dtype=torch.bfloat16):
@@ -180,7 +205,8 @@ class MiniLlava(nn.Module):
 
 
 def visual_tokens(images, *, grid: int = 2, backbone: str = "efficientnet_lite0", resolution: int | None = None,
-                  batch_size: int = 64, cache_dir=None, progress: bool = True, return_key: bool = False):
+                  batch_size: int = 64, cache_dir=None, progress: bool = True, return_key: bool = False,
+                  lazy: bool = False):
     """Frozen-tower visual tokens ``[N, grid*grid, C]`` for uint8 images ``[N,H,W]`` / ``[N,H,W,3]``.
 
     The backbone's last feature map ``[N, C, h, w]`` is average-pooled to ``grid x grid``
@@ -188,6 +214,7 @@ def visual_tokens(images, *, grid: int = 2, backbone: str = "efficientnet_lite0"
     backbone weights, resolution, grid and a hash of the image bytes. ``return_key=True`` returns
     ``(tokens, key)``: the key names the tokens by what made them (never by their float values,
     which differ in the last bits with the number of CPU threads), so later caches can key on it.
+    ``lazy=True`` (and no cache file): a :class:`LazyTokens` that computes only the rows asked for.
     """
     import numpy as np
     import torch.nn.functional as F
@@ -212,15 +239,46 @@ def visual_tokens(images, *, grid: int = 2, backbone: str = "efficientnet_lite0"
             return (tokens, key) if return_key else tokens
         except CorruptFile:
             pass  # recompute and overwrite
-    out = []
-    with torch.inference_mode():
-        for i in tqdm(range(0, len(images), batch_size), desc=f"visual tokens {backbone}", unit="batch",
-                      disable=not progress, leave=False):
-            fmap = bb.feature_map(bb.preprocess(images[i:i + batch_size]))        # (b, C, h, w)
-            pooled = F.adaptive_avg_pool2d(fmap.float(), grid)                     # (b, C, g, g)
-            out.append(pooled.flatten(2).transpose(1, 2).contiguous())             # (b, g*g, C)
-    tokens = torch.cat(out)
+
+    def compute(imgs, show: bool = False) -> Tensor:
+        out = []
+        with torch.inference_mode():
+            for i in tqdm(range(0, len(imgs), batch_size), desc=f"visual tokens {backbone}", unit="batch",
+                          disable=not show, leave=False):
+                fmap = bb.feature_map(bb.preprocess(imgs[i:i + batch_size]))        # (b, C, h, w)
+                pooled = F.adaptive_avg_pool2d(fmap.float(), grid)                   # (b, C, g, g)
+                out.append(pooled.flatten(2).transpose(1, 2).contiguous())           # (b, g*g, C)
+        return torch.cat(out)
+
+    if lazy:
+        tokens = LazyTokens(images, compute)
+        return (tokens, key) if return_key else tokens
+    tokens = compute(images, progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_tensors(path, {"tokens": tokens}, {"backbone": backbone, "weights_id": bb.weights_id,
                                             "resolution": str(bb.resolution), "grid": str(grid)})
     return (tokens, key) if return_key else tokens
+
+
+class LazyTokens:
+    """Visual tokens computed on first use, only for the rows asked for (``tokens[rows]``), and kept
+    in memory: never written to the cache, which holds whole sets only. For a set of which a run
+    reads a few rows: the saliency profile reads 200 calibration images of the alignment pool's
+    ~2,600, and the pool itself only names the aligned projector's cache entry once that is cached."""
+
+    def __init__(self, images, compute):
+        self.images, self._compute, self._rows = images, compute, {}
+        first = self[[0]]                                         # one image: the shape and dtype
+        self.shape = torch.Size((len(images), *first.shape[1:]))
+        self.dtype = first.dtype
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, rows) -> Tensor:
+        rows = [int(r) for r in (rows.tolist() if hasattr(rows, "tolist") else rows)]
+        missing = sorted(set(rows) - self._rows.keys())
+        if missing:
+            for r, tok in zip(missing, self._compute(self.images[missing])):
+                self._rows[r] = tok
+        return torch.stack([self._rows[r] for r in rows])

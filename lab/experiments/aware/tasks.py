@@ -182,9 +182,9 @@ def downstream_validation(name: str, *, n: int, n_train: int, seed: int = 0, gri
 
 # --- upstream ----------------------------------------------------------------------------------
 def _easy_vqa_split(split: str, n: int, seed: int, grid: int, cache_dir, progress: bool, *,
-                    rows=None, name: str | None = None, vision=None) -> QASet:
+                    rows=None, name: str | None = None, vision=None, lazy: bool = False) -> QASet:
     """``n`` seeded questions of one split (or ``rows(image_ids)``'s); visual tokens only for the
-    images they ask about."""
+    images they ask about (``lazy``: computed when a row is first read, unless cached)."""
     import easy_vqa
     from PIL import Image
 
@@ -197,16 +197,20 @@ def _easy_vqa_split(split: str, n: int, seed: int, grid: int, cache_dir, progres
     row = {img: r for r, img in enumerate(used)}
     images = np.stack([np.asarray(Image.open(paths[i]).convert("RGB")) for i in used])   # (N, 64, 64, 3)
     options = tuple(easy_vqa.get_answers())
-    tokens, key = (vision or visual_tokens)(images, grid=grid, cache_dir=cache_dir, progress=progress, return_key=True)
+    lazy_kw = {"lazy": True} if lazy and vision is None else {}
+    tokens, key = (vision or visual_tokens)(images, grid=grid, cache_dir=cache_dir, progress=progress, return_key=True,
+                                            **lazy_kw)
     return shuffled_options(QASet(name or f"easy_vqa/{split}", [qs[i] for i in pick], [ans[i] for i in pick],
                                   [options] * len(pick), np.array([row[img_ids[i]] for i in pick], dtype=np.int64),
                                   tokens, source=key), seed)
 
 
 def easy_vqa(*, n_train: int, n_test: int, seed: int = 0, grid: int = 2, cache_dir=None,
-             progress: bool = True, vision=None) -> Task:
-    """easy-VQA questions; ``n_train`` from the train split, ``n_test`` fixed from the test split."""
-    return Task("easy_vqa", _easy_vqa_split("train", n_train, seed, grid, cache_dir, progress, vision=vision),
+             progress: bool = True, vision=None, lazy_train: bool = False) -> Task:
+    """easy-VQA questions; ``n_train`` from the train split, ``n_test`` fixed from the test split.
+    ``lazy_train``: the train split's visual tokens computed only for the rows read (unless cached)."""
+    return Task("easy_vqa", _easy_vqa_split("train", n_train, seed, grid, cache_dir, progress, vision=vision,
+                                            lazy=lazy_train),
                 _easy_vqa_split("test", n_test, 7, grid, cache_dir, progress, vision=vision))
 
 

@@ -94,7 +94,12 @@ def build_base(task: Task, align: AlignConfig = AlignConfig(), *, llm: str = SMO
         except CorruptFile:
             pass
     t0 = time.perf_counter()
-    log = align_projector(model, task, enc, align, progress=progress)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as the shipped projector was aligned: other float sums, another projector
+    try:
+        log = align_projector(model, task, enc, align, progress=progress)
+    finally:
+        torch.set_num_threads(threads)
     info.update(seconds=time.perf_counter() - t0, final_loss=float(sum(log["losses"][-10:]) / max(1, len(log["losses"][-10:]))))
     if not tiny:
         save_tensors(path, dict(model.mm_projector.state_dict()), {"align": json.dumps(asdict(align)), "llm": llm})
