@@ -63,8 +63,13 @@ def main(argv=None) -> int:
                 print(f"{nb:40s} {tb:8.1f} {tn:8.1f} {tn / tb:6.2f}{flag}", flush=True)
             print(f"{'all notebooks in both trees':40s} {tot_b:8.1f} {tot_n:8.1f} {tot_n / tot_b:6.2f}")
             only_new = sorted(set(n.name for n in (new / "notebooks").glob("*.ipynb")) - set(names))
+            all_new = tot_n
+            for nb in only_new:      # timed too, for this tree's whole make report
+                tn, rn = _run(new, nb, tmp / "out-new", tmp / "cache-new", extra)
+                all_new += tn
+                print(f"{nb:40s} {'-':>8s} {tn:8.1f}  (only in this tree{'' if rn == 0 else f'; exit {rn}'})", flush=True)
             if only_new:
-                print(f"not timed (only in this tree): {', '.join(only_new)}")
+                print(f"{'every notebook of this tree':40s} {'':8s} {all_new:8.1f}")
         finally:
             for tree in {base, new} - {ROOT}:
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
