@@ -63,6 +63,22 @@ def setup_notebook() -> None:
     pio.renderers.default = RENDERER
     pio.renderers._activate_pending_renderers()  # inline plotly.js here, not in a widget's output
     quiet_progress_bars()
+    if os.environ.get(FIGURES_ENV):
+        import atexit
+
+        atexit.register(_exit_now)   # runs after every exit handler registered later (kaleido's)
+
+
+def _exit_now() -> None:
+    """The last exit step of a kernel that `lab report` ran: its outputs are in the executed
+    notebook already, so the interpreter's teardown of torch, transformers and the rest (1.5-3 s a
+    notebook, during which papermill waits) is skipped."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - exiting
+            pass
+    os._exit(0)
 
 
 def _env_true(name: str) -> bool:

@@ -200,6 +200,24 @@ def kernel_manager_class():
     return EncryptedKernelManager
 
 
+def _no_save_per_cell(nb_man) -> None:
+    """papermill writes the whole executed notebook (5-8 MB with plotly.js inlined) before and after
+    every cell, ~80 writes a notebook; here it writes at the end, on a failure, and every 30 s during
+    a long cell (its autosave), which is all the report reads."""
+    real_save = nb_man.save
+
+    def quiet(step):
+        def call(*args, **kw):
+            nb_man.save = lambda **_: None
+            try:
+                return step(*args, **kw)
+            finally:
+                nb_man.save = real_save
+        return call
+
+    nb_man.cell_start, nb_man.cell_complete = quiet(nb_man.cell_start), quiet(nb_man.cell_complete)
+
+
 def _register_engine() -> None:
     """papermill's nbclient engine, reporting each cell to a :class:`Progress` (``progress=``)."""
     from papermill.engines import NBClientEngine, papermill_engines
@@ -208,6 +226,7 @@ def _register_engine() -> None:
         @classmethod
         def execute_managed_notebook(cls, nb_man, kernel_name, progress: Progress | None = None,
                                      **kwargs):
+            _no_save_per_cell(nb_man)
             if progress is not None:
                 progress.n_cells = len(nb_man.nb.cells)
                 start, complete = nb_man.cell_start, nb_man.cell_complete

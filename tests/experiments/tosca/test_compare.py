@@ -112,7 +112,11 @@ def test_a_cell_registered_router_is_evaluated_beside_the_built_ins(cell_router,
     assert set(d.against) == {"per-sample", "ncm"} and len(d) == 2 * len(C.METRICS)
     assert set(d.verdict) <= set(C.VERDICTS)
     assert C.summary_table(comp).router.tolist() == [cell_router, *builtins]
-    C.difference_figure(d), C.means_figure(comp)
+    fig = C.difference_figure(d)
+    lines = fig.layout.title.text.split("<br>")     # the headline, one verdict per line: none cut off
+    assert "<br>".join(lines).replace("):<br>", "): ").replace("<br>", "; ") == C.headline(d)
+    assert len(lines) >= 2 and all(len(s) < 90 for s in lines)
+    C.means_figure(comp)
 
 
 def test_run_seeds_checks_everything_before_training(cell_router, monkeypatch):
