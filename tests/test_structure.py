@@ -192,3 +192,11 @@ def test_repository_words_are_self_contained():
             if FORBIDDEN.search(line):
                 hits.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()[:100]}")
     assert not hits, "\n".join(hits)
+
+
+def test_the_readme_quick_start_is_short_and_has_the_two_commands():
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Quick start"):text.index("\n## ", text.index("## Quick start") + 1)]
+    assert len(section.strip().splitlines()) <= 30, "the Quick start is read in a minute: 30 lines at most"
+    block = section[section.index("```bash") + 7:section.index("```", section.index("```bash") + 7)]
+    assert [line.split("#")[0].strip() for line in block.strip().splitlines()] == ["make report", "make test"]
