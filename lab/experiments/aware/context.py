@@ -91,8 +91,8 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
     2-layer Llama with a word-level tokenizer over every word the tasks use (seconds; numbers are
     meaningless, code paths are the real ones) and sets torch to one thread. ``downstream=False``
     builds no downstream task (saliency only; the alignment pool's visual tokens are then computed
-    only for the rows read, :class:`~lab.experiments.aware.minillava.LazyTokens`); ``tasks_needed`` limits the ones built (default: all;
-    each costs a visual-token pass when not cached, see :func:`lab.experiments.aware.ablate.tasks_for`). ``device``: where the
+    only for the rows read, :class:`~lab.experiments.aware.minillava.LazyTokens`); ``tasks_needed``
+    limits the ones built (default: all; each costs a visual-token pass when not cached, see :func:`lab.experiments.aware.ablate.tasks_for`). ``device``: where the
     model runs (default: CUDA when available, else CPU). ``model``: a transformers LLaVA (hub id or
     local folder, :mod:`lab.experiments.aware.hub_llava`) instead of the mini-LLaVA, in ``dtype``
     (bf16, fp16, fp32; default bf16 on CUDA); its tasks keep raw images for its processor

@@ -343,7 +343,8 @@ def difference_figure(diffs: "pd.DataFrame", metric: str = "last_acc"):
                                  hovertemplate="%{y}: %{x:+.2f} ± %{error_x.array:.2f}<extra>" + v + "</extra>"))
     fig.add_vline(x=0, line_dash="dot", line_color="grey")
     # plotly does not wrap titles: the headline's verdicts one per line, so none is cut off
-    lines = headline(diffs, metric).replace("): ", "):; ", 1).split("; ") if not d.empty else ["nothing to compare against"]
+    lines = (headline(diffs, metric).replace("): ", "):; ", 1).split("; ") if not d.empty
+             else ["nothing to compare against"])
     fig.update_layout(title=dict(text="<br>".join(lines), font=dict(size=14)), margin=dict(t=40 + 22 * len(lines)),
                       xaxis_title=f"{SHORT[metric]}: yours − built-in (points, mean ± 95 % t over seeds)",
                       yaxis_title="built-in router", height=140 + 22 * len(lines) + 45 * max(len(d), 1),
