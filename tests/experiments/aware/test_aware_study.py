@@ -112,15 +112,15 @@ def test_plan_tunes_every_compared_variant_and_reuses_the_tuning_run():
 def test_the_methods_group_has_more_seeds_than_the_ablations():
     cfg = plan.PRESETS["shipped"]
     assert len(cfg.seeds_for("methods")) == 5 and len(cfg.seeds_for("rho")) == 3
-    # the headline pair (full fine-tuning, AWARe) on 10 seeds; the other methods keep 5
-    assert cfg.seeds_for("methods", "methods/full") == cfg.seeds_for("methods", "methods/aware") == tuple(range(10))
+    # the headline pair (full fine-tuning, AWARe) on 16 seeds; the other methods keep 5
+    assert cfg.seeds_for("methods", "methods/full") == cfg.seeds_for("methods", "methods/aware") == tuple(range(16))
     assert cfg.seeds_for("methods", "methods/lora") == tuple(range(5))
     chosen = {plan.variant_id(v): 1e-4 for v in plan.variants(cfg)}
     tests = plan.plan_tests(cfg, chosen, ("methods",))
     per = {}
     for j in tests:
         per.setdefault(plan.variant_id(j.variant), set()).add(j.seed)
-    assert per["methods/full"] == per["methods/aware"] == set(range(10))
+    assert per["methods/full"] == per["methods/aware"] == set(range(16))
     assert per["methods/dora"] == per["methods/rho=0"] == set(range(5)) and per["methods/zero-shot"] == set(range(5))
     assert all(len(cfg.grid(m)) >= 3 for m in ("full", "lora", "dora", "aware"))
     assert {v.label for v in plan.variants(cfg) if v.group == "rho"} == {"rho=0", "rho=0.1", "rho=0.5", "rho=0.7",
