@@ -279,6 +279,8 @@ class LazyTokens:
         return len(self.images)
 
     def __getitem__(self, rows) -> Tensor:
+        if isinstance(rows, int) or getattr(rows, "ndim", 1) == 0:    # one row, as a tensor would
+            return self[[int(rows)]][0]
         rows = [int(r) for r in (rows.tolist() if hasattr(rows, "tolist") else rows)]
         missing = sorted(set(rows) - self._rows.keys())
         if missing:

@@ -26,6 +26,7 @@ def test_lazy_tokens_compute_only_the_rows_read_and_match_the_eager_pass(tmp_pat
     assert got.shape == (3, *eager.shape[1:])
     torch.testing.assert_close(got, eager[rows], rtol=1e-4, atol=1e-5)   # other batches: last bits only
     assert torch.equal(got[0], got[2])
+    assert torch.equal(lazy[7], got[0]) and torch.equal(lazy[np.int64(2)], got[1])   # one row, as a tensor gives
     # once the whole set is cached, lazy=True reads the cache file like the eager call
     again = visual_tokens(imgs, cache_dir=tmp_path, progress=False, lazy=True)
     assert isinstance(again, torch.Tensor) and torch.equal(again, eager)
