@@ -100,7 +100,7 @@ PRESETS = {
 NOTES = {
     "shipped": ("Sized so that full fine-tuning learns the downstream task and clearly forgets: 64 steps x 16 "
                 "questions per run (1,024 training questions), every variant's rate chosen from a grid of at least "
-                "three on 150 + 150 validation questions (extended past an edge), 5 seeds for the methods group (10 "
+                "three on 150 + 150 validation questions (extended past an edge), 5 seeds for the methods group (16 "
                 "for full fine-tuning and AWARe, whose R needs them for a +-5-point interval) and 3 for every other, "
                 "400 downstream, 600 easy-VQA and 320 probe test questions."),
     "smoke": "A random tiny 2-layer model: checks the code path, its numbers mean nothing.",
