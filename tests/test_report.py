@@ -297,7 +297,9 @@ def test_wall_time_table_lists_every_notebook_and_the_total():
     rows = table.strip().splitlines()
     assert rows[0].split() == ["notebook", "status", "wall", "time"]
     assert rows[2].split() == ["00_a", "ok", "12.3", "s"] and rows[3].split() == ["01_bb", "FAILED", "1.0", "s"]
-    assert rows[4].split() == ["total", "13.3", "s"]
+    assert rows[4].split() == ["total", "13.3", "s"] and len(rows) == 5
+    side = pipeline.wall_time_table([pipeline.Result("00_a", True, 12.34)], wall=7.0).strip().splitlines()
+    assert side[-1].split() == ["elapsed", "(side", "by", "side)", "7.0", "s"]
 
 
 def test_run_note_shows_once_at_the_top_of_the_index(rendered, tmp_path):
@@ -385,8 +387,10 @@ def test_clean_stale_removes_only_what_dead_runs_left(tmp_path):
     assert all(p.exists() for p in live) and (tmp_path / ".keep-me").exists()
 
 
-def test_killed_report_leaves_no_staging(tmp_path):
-    """SIGTERM while a notebook runs: the process unwinds and removes its hidden staging."""
+@pytest.mark.parametrize("names,jobs", [(["slow"], "1"), (["slow", "slow2"], "2")])
+def test_killed_report_leaves_no_staging(tmp_path, names, jobs):
+    """SIGTERM while a notebook runs (alone, or beside another): the process unwinds at once and
+    removes its hidden staging."""
     import signal
     import time
 
@@ -394,18 +398,20 @@ def test_killed_report_leaves_no_staging(tmp_path):
     nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
                 nbformat.v4.new_code_cell("import time\ntime.sleep(60)")]
     (tmp_path / "nb").mkdir()
-    nbformat.write(nb, tmp_path / "nb" / "slow.ipynb")
+    for name in names:
+        nbformat.write(nb, tmp_path / "nb" / f"{name}.ipynb")
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "lab", "report", "--notebooks", str(tmp_path / "nb"),
-                             "--out", str(out), "--no-png"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             "--out", str(out), "--no-png", "--jobs", jobs], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
-        while not list(out.glob(".slow.running-*")) and time.monotonic() < deadline:
+        while len(list(out.glob(".slow*.running-*"))) < len(names) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert list(out.glob(".slow.running-*")), "the run never started"
+        assert len(list(out.glob(".slow*.running-*"))) == len(names), "the runs never started"
         time.sleep(1.0)
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        proc.wait(timeout=30)           # well before the notebooks' 60 s cell ends
     finally:
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM
@@ -548,3 +554,79 @@ def test_index_links_are_relative_files_and_names_escaped(tmp_path):
     assert "./javascript%3Aalert%281%29.html" in links and "./data%3Atext%2Cx.ipynb" in links
     assert "<img src=x" not in page and "onerror=alert(2)>" not in page
     assert "&lt;img src=x onerror=alert(2)&gt;.ipynb" in page     # shown as its name, escaped
+
+
+# --- notebooks side by side -----------------------------------------------------------------------
+
+def _with_after(folder, name, after=None):
+    import nbformat as nbf
+
+    nb = nbf.v4.new_notebook()
+    nb.cells = [nbf.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]})]
+    if after is not None:
+        nb.metadata["continual-lab"] = {"after": after}
+    nbf.write(nb, folder / f"{name}.ipynb")
+    return folder / f"{name}.ipynb"
+
+
+def test_schedule_runs_at_most_jobs_at_once_and_after_what_a_notebook_names(tmp_path):
+    import threading
+    import time as _time
+
+    srcs = [_with_after(tmp_path, "00_fill"), _with_after(tmp_path, "01_free"),
+            _with_after(tmp_path, "02_reads", ["00_fill"]), _with_after(tmp_path, "03_free"),
+            _with_after(tmp_path, "04_reads", ["00_fill.ipynb", "not_here"])]
+    lock, events, live = threading.Lock(), [], [0]
+    cost = {"00_fill": 0.3, "01_free": 0.05, "02_reads": 0.05, "03_free": 0.05, "04_reads": 0.05}
+
+    def start(src):
+        with lock:
+            live[0] += 1
+            events.append(("start", src.stem, live[0]))
+        _time.sleep(cost[src.stem])
+        with lock:
+            live[0] -= 1
+            events.append(("end", src.stem, live[0]))
+        return src.stem
+
+    got = []
+    pipeline._schedule(srcs, 2, start, lambda src, res: got.append(res))
+    starts = [e[1] for e in events if e[0] == "start"]
+    assert max(e[2] for e in events) == 2 and sorted(got) == sorted(cost)
+    end_00 = events.index(("end", "00_fill", next(e[2] for e in events if e[:2] == ("end", "00_fill"))))
+    for reader in ("02_reads", "04_reads"):   # 'not_here' is not rendered: it holds nothing back
+        assert events.index(next(e for e in events if e[:2] == ("start", reader))) > end_00
+    assert starts[:3] == ["00_fill", "01_free", "03_free"]   # the free ones fill the second slot meanwhile
+    got.clear()
+    pipeline._schedule(srcs, 1, start, lambda src, res: got.append(res))
+    assert got == [s.stem for s in srcs]                      # one at a time: the given order
+
+
+def test_a_bad_after_list_fails_before_any_kernel(tmp_path, capsys):
+    _with_after(tmp_path, "a", "00_quickstart")              # a string, not a list
+    assert run_cli("--notebooks", str(tmp_path), "--out", str(tmp_path / "out")) == 2
+    assert "after must be a list of notebook names" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "a.ipynb").exists()
+
+
+@pytest.mark.notebook
+def test_side_by_side_kernels_each_get_their_own_environment(tmp_path, monkeypatch):
+    """Two notebooks at once: each kernel sees its own figures folder and half the cores' threads,
+    and nothing is written into this process's environment."""
+    import nbformat as nbf
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(pipeline.os, "cpu_count", lambda: 4)
+    for name in ("a", "b"):
+        nb = nbf.v4.new_notebook()
+        nb.cells = [nbf.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+                    nbf.v4.new_code_cell("import os, lab.report as report\n"
+                                         f"report.record(label='{name}', threads=os.environ['OMP_NUM_THREADS'], "
+                                         f"figures=os.environ['{notebook.FIGURES_ENV}'])")]
+        nbf.write(nb, tmp_path / f"{name}.ipynb")
+    results = pipeline.render(tmp_path, tmp_path / "out", png=False, jobs=2, log=lambda _: None)
+    assert [r.name for r in results] == ["a", "b"] and all(r.ok for r in results)
+    a, b = (r.metrics for r in results)
+    assert a["threads"] == b["threads"] == "2"
+    assert f".a{pipeline.FIGURES_SUFFIX}." in a["figures"] and f".b{pipeline.FIGURES_SUFFIX}." in b["figures"]
+    assert notebook.FIGURES_ENV not in os.environ

@@ -11,8 +11,11 @@ scripts) into reports/, static PNGs of key figures (kaleido + Chromium, when pre
 reports/index.html with one card per notebook: its headline numbers and wall time.
 
 A notebook declares its parameter profiles in its metadata ("continual-lab" -> "params" ->
-"report"/"smoke"); see lab.report.params. A failing notebook is still rendered (with the
-failing cell marked), the others still run, and the command exits with status 1.
+"report"/"smoke"); see lab.report.params. Two notebooks run side by side on a machine with two
+cores or more (--jobs), each kernel with its share of the cores; a notebook that reads a cache
+another one fills names it in its metadata ("continual-lab" -> "after") and starts once that one
+has finished. A failing notebook is still rendered (with the failing cell marked), the others
+still run, and the command exits with status 1.
 """
 
 
@@ -26,6 +29,8 @@ def check_args(args: argparse.Namespace) -> None:
 
     if args.timeout is not None:     # an int at parse (papermill's cell timeout is whole seconds)
         V.count("--timeout", args.timeout, maximum=TIMEOUT_MAX)
+    if args.jobs is not None:
+        V.count("--jobs", args.jobs, maximum=64)
     if args.notebooks is not None:
         V.in_dir("--notebooks", args.notebooks)
     if args.out is not None:
@@ -53,11 +58,14 @@ def _cmd(args: argparse.Namespace) -> int:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _terminated)
+    import time
+
+    t0 = time.perf_counter()
     try:
         overrides = dict(parse_override(p) for p in args.parameter)
         results = render(args.notebooks, args.out, profile=args.params, only=args.only,
                          overrides=overrides, png=not args.no_png, kernel=args.kernel,
-                         timeout=args.timeout)
+                         timeout=args.timeout, jobs=args.jobs)
     except ParamsError as exc:
         print(f"lab report: error: {exc}", file=sys.stderr)
         return 2
@@ -68,7 +76,7 @@ def _cmd(args: argparse.Namespace) -> int:
         if r.failed_source:
             print("  " + r.failed_source.replace("\n", "\n  "), file=sys.stderr)
     out = args.out or "reports"
-    total = sum(r.seconds for r in results)
+    total = time.perf_counter() - t0
     print(f"\n{len(results) - len(failed)}/{len(results)} notebooks ok in {total:.0f} s; "
           f"open {out}/index.html")
     return 1 if failed else 0
@@ -94,4 +102,7 @@ def register(subparsers) -> None:
     p.add_argument("--timeout", type=int, metavar="SECONDS",
                    help=f"fail a cell that runs longer than this many whole seconds, 1..{TIMEOUT_MAX} "
                         f"(default: 7200)")
+    p.add_argument("--jobs", type=int, metavar="N",
+                   help="notebooks rendered side by side, each kernel with cores/N threads (default: 2 on "
+                        "2 or more cores, else 1); a notebook starts after those its metadata names")
     p.set_defaults(func=_cmd)

@@ -27,7 +27,6 @@ import re
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -97,20 +96,6 @@ def kernel_name(preferred: str = DEFAULT_KERNEL) -> str:
     return "python3"
 
 
-@contextmanager
-def _environ(**values: str):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 class Progress:
     """Lines that say where a running notebook is: each markdown heading reached, and every
     :data:`HEARTBEAT_S` a line for a cell running longer than :data:`SLOW_CELL_S`.
@@ -175,8 +160,12 @@ class Progress:
 _TAG = re.compile(r"<[^>]+>")
 
 
-def kernel_manager_class():
-    """jupyter_client's AsyncKernelManager with CurveZMQ transport encryption where the kernel
+def kernel_manager_class(env: dict[str, str] | None = None):
+    """The kernel manager for one notebook: its kernel starts with this process's environment plus
+    ``env`` (each notebook's own figures folder, profile and thread count; nothing is set in this
+    process's ``os.environ``, so notebooks rendered side by side do not see each other's).
+
+    jupyter_client's AsyncKernelManager with CurveZMQ transport encryption where the kernel
     declares it (``supported_encryption: ["curve"]`` in its kernelspec, as ipykernel >= 7 writes;
     jupyter_client >= 8.10 provisions the keys): the kernel's sockets on 127.0.0.1 are encrypted,
     and it no longer prints "Kernel is running over TCP without encryption" into every `lab
@@ -184,20 +173,29 @@ def kernel_manager_class():
     without it), the plain manager (and that one warning line from the kernel)."""
     from jupyter_client import AsyncKernelManager
 
-    if "transport_encryption" not in AsyncKernelManager.class_trait_names():
-        return AsyncKernelManager
-    import zmq
+    base = AsyncKernelManager
+    if "transport_encryption" in AsyncKernelManager.class_trait_names():
+        import zmq
 
-    if not zmq.has("curve"):
-        return AsyncKernelManager
-    from traitlets import default
+        if zmq.has("curve"):
+            from traitlets import default
 
-    class EncryptedKernelManager(AsyncKernelManager):
-        @default("transport_encryption")
-        def _transport_encryption_default(self):
-            return "auto"     # curve where the kernelspec declares it, else as before
+            class EncryptedKernelManager(AsyncKernelManager):
+                @default("transport_encryption")
+                def _transport_encryption_default(self):
+                    return "auto"     # curve where the kernelspec declares it, else as before
 
-    return EncryptedKernelManager
+            base = EncryptedKernelManager
+    if not env:
+        return base
+    extra = dict(env)
+
+    class NotebookKernelManager(base):
+        async def _async_pre_start_kernel(self, **kw):
+            kw["env"] = {**kw.get("env", os.environ), **extra}
+            return await super()._async_pre_start_kernel(**kw)
+
+    return NotebookKernelManager
 
 
 def _no_save_per_cell(nb_man) -> None:
@@ -225,7 +223,7 @@ def _register_engine() -> None:
     class _Engine(NBClientEngine):
         @classmethod
         def execute_managed_notebook(cls, nb_man, kernel_name, progress: Progress | None = None,
-                                     **kwargs):
+                                     kernel_env: dict | None = None, **kwargs):
             _no_save_per_cell(nb_man)
             if progress is not None:
                 progress.n_cells = len(nb_man.nb.cells)
@@ -240,7 +238,7 @@ def _register_engine() -> None:
                     return complete(cell, cell_index, **kw)
 
                 nb_man.cell_start, nb_man.cell_complete = cell_start, cell_complete
-            kwargs.setdefault("kernel_manager_class", kernel_manager_class())
+            kwargs.setdefault("kernel_manager_class", kernel_manager_class(kernel_env))
             return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
 
     papermill_engines.register(ENGINE, _Engine)
@@ -316,12 +314,15 @@ def _load_for_report(running: Path, src: Path, error: str | None):
 
 def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: dict | None = None,
                png: bool = True, kernel: str | None = None, timeout: float | None = None,
-               notes: list[str] | None = None, log: Callable[[str], None] | None = None) -> Result:
+               notes: list[str] | None = None, log: Callable[[str], None] | None = None,
+               threads: int | None = None) -> Result:
     """Execute and export one notebook into ``out_dir``; never raises for a notebook's own error.
 
     ``timeout``: seconds a cell may run (default :data:`DEFAULT_CELL_TIMEOUT_S`); ``notes``:
     lines about the run kept with the notebook and shown at the top of the index (e.g. why PNGs
-    were skipped); ``log``: where the progress lines go (none when not given).
+    were skipped); ``log``: where the progress lines go (none when not given); ``threads``: the
+    kernel's OpenMP threads (``OMP_NUM_THREADS``, torch's default thread count) when the caller
+    shares the cores between notebooks and the user has not set it.
     """
     import nbformat
     import papermill
@@ -347,21 +348,22 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
     try:
         env = {_nbh.FIGURES_ENV: str(staging), _nbh.PNG_ENV: "1" if png else "0",
                _nbh.PROFILE_ENV: profile, "TQDM_DISABLE": os.environ.get("TQDM_DISABLE", "1")}
-        with _environ(**env):
-            try:
-                if result.ok:
-                    _register_engine()
-                    papermill.execute_notebook(
-                        str(src), str(running), parameters=result.params, language="python",
-                        kernel_name=kernel or kernel_name(), cwd=str(src.parent),
-                        progress_bar=False, log_output=False, start_timeout=KERNEL_START_TIMEOUT_S,
-                        execution_timeout=timeout or DEFAULT_CELL_TIMEOUT_S, engine_name=ENGINE,
-                        progress=progress)
-            except PapermillExecutionError as exc:
-                result.ok, result.failed_cell = False, exc.exec_count
-                result.failed_source, result.error = exc.source, f"{exc.ename}: {exc.evalue}"
-            except Exception as exc:  # noqa: BLE001 - dead kernel, timeout, bad notebook: report, go on
-                result.ok, result.error = False, f"{type(exc).__name__}: {exc}"
+        if threads and "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = str(threads)
+        try:
+            if result.ok:
+                _register_engine()
+                papermill.execute_notebook(
+                    str(src), str(running), parameters=result.params, language="python",
+                    kernel_name=kernel or kernel_name(), cwd=str(src.parent),
+                    progress_bar=False, log_output=False, start_timeout=KERNEL_START_TIMEOUT_S,
+                    execution_timeout=timeout or DEFAULT_CELL_TIMEOUT_S, engine_name=ENGINE,
+                    progress=progress, kernel_env=env)
+        except PapermillExecutionError as exc:
+            result.ok, result.failed_cell = False, exc.exec_count
+            result.failed_source, result.error = exc.source, f"{exc.ename}: {exc.evalue}"
+        except Exception as exc:  # noqa: BLE001 - dead kernel, timeout, bad notebook: report, go on
+            result.ok, result.error = False, f"{type(exc).__name__}: {exc}"
         executed = time.perf_counter() - start
         if progress:
             progress.close()
@@ -414,16 +416,86 @@ def clean_stale(out_dir: Path) -> list[Path]:
     return gone
 
 
+def after(src: Path) -> list[str]:
+    """The notebooks ``src`` should start after (its metadata's ``continual-lab.after``: e.g. those
+    that fill a cache it reads, so two kernels do not compute the same thing side by side)."""
+    import json
+
+    meta = json.loads(Path(src).read_text()).get("metadata", {}).get(_params.METADATA_KEY, {}) or {}
+    names = meta.get("after", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise _params.ParamsError(f"{Path(src).name}: metadata.{_params.METADATA_KEY}.after must be a list of "
+                                  "notebook names")
+    return [n.removesuffix(".ipynb") for n in names]
+
+
+def default_jobs() -> int:
+    """Notebooks rendered side by side: two where there are two cores or more (each kernel then gets
+    half the cores), else one."""
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
+def _schedule(sources: list[Path], jobs: int, start: Callable[[Path], Any], finish: Callable[[Path, Any], None]):
+    """Run ``start(src)`` for every notebook, at most ``jobs`` at a time, a notebook only once those
+    it declares in :func:`after` have finished (names outside ``sources`` do not hold it back), in
+    the order given otherwise; ``finish`` gets each result in this thread as it arrives.
+
+    Side by side, each ``start`` runs in a daemon thread (the notebook itself is its own kernel
+    process) and this thread waits on a queue, so Ctrl-C or SIGTERM reaches it at once and the
+    process can exit without waiting for a running notebook."""
+    import queue
+    import threading
+
+    if jobs <= 1:
+        for src in sources:
+            finish(src, start(src))
+        return
+    names = {s.stem for s in sources}
+    needs = {s: set(after(s)) & names for s in sources}
+    arrived: queue.Queue = queue.Queue()
+
+    def work(src: Path) -> None:
+        try:
+            arrived.put((src, start(src), None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, raised there
+            arrived.put((src, None, exc))
+
+    pending, running, done = list(sources), set(), set()
+    while pending or running:
+        ready = [s for s in pending if needs[s] <= done] or ([] if running else pending[:1])  # a cycle: in order
+        for src in ready[:jobs - len(running)]:
+            pending.remove(src)
+            running.add(src)
+            threading.Thread(target=work, args=(src,), name=f"lab-report-{src.stem}", daemon=True).start()
+        src, res, exc = arrived.get()
+        running.discard(src)
+        done.add(src.stem)
+        if exc is not None:
+            raise exc
+        finish(src, res)
+
+
+def _remove_own_staging(out_dir: Path) -> None:
+    """This process's hidden staging in ``out_dir`` (a notebook interrupted while running beside
+    another: its thread never reaches its own clean-up)."""
+    for path in Path(out_dir).glob(".*"):
+        m = _STAGING_RE.match(path.name)
+        if m and int(m.group(1)) == os.getpid():
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
 def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None = None, *,
            profile: str = "report", only: list[str] | None = None, overrides: dict | None = None,
            png: bool = True, kernel: str | None = None, timeout: float | None = None,
-           log: Callable[[str], None] = print) -> list[Result]:
+           jobs: int | None = None, log: Callable[[str], None] = print) -> list[Result]:
     """Render every notebook in ``notebooks_dir`` (default ``<repo>/notebooks``) into ``out_dir``.
 
     Bad input (unknown ``only`` names, unknown parameters) raises :class:`ParamsError` before
     any notebook runs. Notebook failures do not raise: check ``Result.ok``. With ``png`` and no
     browser for kaleido (:func:`lab.report.notebook.find_browser`), PNGs are skipped with one
-    ``log`` line and a note in the index.
+    ``log`` line and a note in the index. ``jobs`` notebooks run side by side (default
+    :func:`default_jobs`), each kernel with ``cores // jobs`` threads, a notebook only after those
+    its metadata names (:func:`after`); the results come back in the notebooks' order.
     """
     from lab.report.index import write_index
 
@@ -435,6 +507,9 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
         raise _params.ParamsError(f"no notebooks in {notebooks_dir}")
     for src in sources:  # fail fast on bad parameters, before any kernel starts
         _params.resolve(src, profile, overrides)
+        after(src)
+    jobs = max(1, min(jobs or default_jobs(), len(sources)))
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     logging.getLogger("papermill").setLevel(logging.WARNING)
     notes = []
     if png and _nbh.find_browser() is None:
@@ -445,25 +520,45 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
     if out_dir.is_dir():
         for path in clean_stale(out_dir):
             log(f"removed {path.name}: staging left by a killed run")
-    results = []
-    for i, src in enumerate(sources, 1):
-        log(f"[{i}/{len(sources)}] {src.name} ({profile} parameters, kernel {kernel}) ...")
-        res = render_one(src, out_dir, profile=profile, overrides=overrides, png=png, kernel=kernel,
-                         timeout=timeout, notes=notes, log=log)
-        results.append(res)
+    if jobs > 1:
+        log(f"{jobs} notebooks at a time, {threads} thread(s) each")
+    results: dict[Path, Result] = {}
+    t0 = time.perf_counter()
+
+    def start(src: Path) -> Result:
+        tag = f"{src.stem}: " if jobs > 1 else ""
+        log(f"[{sources.index(src) + 1}/{len(sources)}] {src.name} ({profile} parameters, kernel {kernel}) ...")
+        return render_one(src, out_dir, profile=profile, overrides=overrides, png=png, kernel=kernel,
+                          timeout=timeout, notes=notes, log=(lambda line: log(tag + line.lstrip())) if tag else log,
+                          threads=threads)
+
+    def finish(src: Path, res: Result) -> None:
+        results[src] = res
         numbers = "  ".join(f"{k}={_nbh._format(v)}" for k, v in res.metrics.items())
-        log(f"      {'ok' if res.ok else 'FAILED'} in {res.seconds:.1f} s  {numbers}".rstrip())
+        who = f"{src.stem}: " if jobs > 1 else ""
+        log(f"      {who}{'ok' if res.ok else 'FAILED'} in {res.seconds:.1f} s  {numbers}".rstrip())
         for w in res.warnings:
-            log(f"      warning: {w}")
+            log(f"      {who}warning: {w}")
         write_index(out_dir, notebooks_dir)
-    log(wall_time_table(results))
-    return results
+
+    try:
+        _schedule(sources, jobs, start, finish)
+    except BaseException:
+        if jobs > 1:
+            _remove_own_staging(out_dir)
+        raise
+    ordered = [results[s] for s in sources]
+    log(wall_time_table(ordered, wall=time.perf_counter() - t0 if jobs > 1 else None))
+    return ordered
 
 
-def wall_time_table(results: list[Result]) -> str:
-    """Per-notebook status and wall time, and the total, as a plain-text table."""
-    width = max([len(r.name) for r in results] + [len("notebook")])
+def wall_time_table(results: list[Result], wall: float | None = None) -> str:
+    """Per-notebook status and wall time, and the total, as a plain-text table; ``wall``: the
+    elapsed time of notebooks rendered side by side (less than the sum)."""
+    width = max([len(r.name) for r in results] + [len("notebook"), len("elapsed (side by side)")])
     lines = ["", f"{'notebook':<{width}}  status  wall time", f"{'-' * width}  ------  ---------"]
     lines += [f"{r.name:<{width}}  {'ok' if r.ok else 'FAILED':<6}  {r.seconds:7.1f} s" for r in results]
     lines.append(f"{'total':<{width}}  {'':<6}  {sum(r.seconds for r in results):7.1f} s")
+    if wall is not None:
+        lines.append(f"{'elapsed (side by side)':<{width}}  {'':<6}  {wall:7.1f} s")
     return "\n".join(lines)
