@@ -1,10 +1,11 @@
 """Where a study's numbers came from: the sha256 of the code that computes them, which source files
-changed since, and the machine (written into every run record and the study's manifest)."""
+changed since, the machine (written into every run record and the study's manifest), and what the
+runs cost (:func:`run_account`)."""
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 # modules that only show or launch results (and the hub-LLaVA path, which the study never imports):
 # editing them cannot change a number of the study, so they do not enter its source hash
@@ -47,3 +48,43 @@ def machine() -> dict:
             "device": "cuda:" + torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
 
 
+def run_account(records: Iterable[Mapping]) -> dict:
+    """What the study's runs cost, each distinct run once (a tuning run that is also a seed's test
+    run, or a variant shared by two groups, is one file and is counted once): ``count``; ``run_s``,
+    their summed run time; ``machine_s``, the wall clock during which at least one of them was running
+    (the union of ``[finished - seconds, finished]``), ``concurrent_s`` of it with two or more at once;
+    ``first_started`` and ``last_finished``; ``machines``, the machines they ran on (as each run
+    recorded it: the manifest's ``machine`` is where the tables were written). Records are told
+    apart by ``key`` (their file name)."""
+    import datetime
+
+    runs = {}
+    for r in records:
+        runs.setdefault(r.get("key") or (r.get("finished"), r.get("seconds")), r)
+    spans = []
+    for r in runs.values():
+        if r.get("finished") and r.get("seconds"):
+            end = datetime.datetime.fromisoformat(r["finished"]).timestamp()
+            spans.append((end - float(r["seconds"]), end))
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    busy = concurrent = 0.0
+    depth, last = 0, None
+    for t, step in events:
+        if last is not None and depth >= 1:
+            busy += t - last
+            if depth >= 2:
+                concurrent += t - last
+        depth, last = depth + step, t
+    iso = lambda t: datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")  # noqa: E731
+    return {"count": len(runs), "run_s": float(sum(float(r.get("seconds") or 0.0) for r in runs.values())),
+            "machine_s": busy, "concurrent_s": concurrent,
+            "first_started": iso(min(s for s, _ in spans)) if spans else None,
+            "last_finished": iso(max(e for _, e in spans)) if spans else None,
+            "machines": sorted({str(r["machine"]) for r in runs.values() if r.get("machine")})}
+
+
+def time_spread(records: Iterable[Mapping]) -> dict | None:
+    """``{n, min_s, max_s}`` of the run times of ``records`` (runs of one job type on the same
+    machine: how much their time varied with what else the machine was running); None if empty."""
+    secs = [float(r["seconds"]) for r in records if r.get("seconds")]
+    return {"n": len(secs), "min_s": min(secs), "max_s": max(secs)} if secs else None

@@ -298,8 +298,8 @@ def collect(env: Env, out: Path) -> dict:
         for j in jobs:
             f = runs_dir / f"{key(env.fingerprint, j, env.cfg)}.json"
             if f.is_file():
-                recs.append({**read_json(f), **({"variant": variant_id(j.variant), "seed": j.seed}
-                                                if isinstance(j, Job) else {})})
+                recs.append({**read_json(f), "key": f.stem, **({"variant": variant_id(j.variant), "seed": j.seed}
+                                                                if isinstance(j, Job) else {})})
         return recs
 
     cfg, extra = env.cfg, {}

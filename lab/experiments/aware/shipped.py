@@ -11,8 +11,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from lab.experiments.aware.plan import CONTINUAL, NOTES, PRESETS, Job, StudyConfig, job_key, variant_id, variants  # noqa: F401
-from lab.experiments.aware.provenance import NOT_COMPUTING, changed_sources, machine, source_hashes  # noqa: F401
+from lab.experiments.aware.plan import (BUDGETS, CONTINUAL, NOTES, PRESETS, Job, StudyConfig, job_key,  # noqa: F401
+                                        variant_id, variants)
+from lab.experiments.aware.provenance import (NOT_COMPUTING, changed_sources, machine, run_account,  # noqa: F401
+                                              source_hashes, time_spread)
 
 
 def status(env, out: Path) -> str:
@@ -39,6 +41,47 @@ def status(env, out: Path) -> str:
         n = sum((runs_dir / f"{P.job_key(env.fingerprint, j, env.cfg)}.json").exists() for j in tests)
         lines.append(f"tests at the chosen rates (before any grid extension): {n}/{len(tests)} finished")
     return "\n".join(lines)
+
+
+def cost(cfg, res: dict, *, tables_only: bool, wall_s: float) -> tuple[dict, str]:
+    """What this command did and what the study's runs cost: ``(fields, sentence)`` for the manifest.
+    The command's own wall time (``wall_s``: seconds when it only regenerates the tables) is told apart
+    from the runs' (each distinct run once), set against the preset's budget (:data:`BUDGETS`), with
+    whether anything was cut and how much one job's time varied from run to run."""
+    recs = [r for ph in ("tune", "test", "continual") for r in res.get(ph, [])]
+    acc = run_account(recs)
+    preset = next((k for k, v in PRESETS.items() if v == cfg), None)
+    budget = BUDGETS.get(preset)
+    tuned = {r.get("key") for r in res.get("tune", [])}
+    spread = {}
+    for vid in cfg.headline:   # test-only runs of one variant at one rate: the same job, seed aside
+        sp = time_spread([r for r in res.get("test", []) if r.get("variant") == vid and r.get("key") not in tuned])
+        if sp:
+            spread[vid] = sp
+    complete = bool(res.get("complete", True))
+    h = lambda x: f"{x / 3600:.1f} h"  # noqa: E731
+    words = [(f"These tables were regenerated from the {acc['count']} finished runs in runs/, running none "
+              f"({wall_s:.0f} s; the `command`, `wall_s` and `machine` fields describe this regeneration)." if tables_only
+              else f"This command ran what was missing and wrote the tables in {h(wall_s)} (`wall_s`; `machine`: "
+              "where the tables were written)."),
+             f"The study's runs: {acc['count']} runs, {h(acc['run_s'])} of summed run time (`compute_s`, each "
+             f"distinct run once), {h(acc['machine_s'])} of the machine's wall clock with at least one running "
+             f"({h(acc['concurrent_s'])} of it with two or more at once), from {acc['first_started']} to "
+             f"{acc['last_finished']}, on {'; '.join(acc['machines']) or 'an unrecorded machine'}."]
+    if budget:
+        ratio = acc["machine_s"] / budget
+        words.append(f"Budget {h(budget)} of the machine: the runs used {h(acc['machine_s'])} ({ratio:.1f}x), "
+                     + ("over budget." if ratio > 1 else "within budget."))
+    words.append("Nothing was cut: every run the configuration plans (each group, seed, step and test question) "
+                  "finished." if complete else
+                  "Not complete: some planned runs have not finished (`lab aware study --status` lists them).")
+    if spread:
+        words.append("The same job's run time varied from run to run with what else the cores were running: " + ", ".join(
+            f"{v}'s {d['n']} test runs took {d['min_s']:,.0f}-{d['max_s']:,.0f} s ({d['max_s'] / d['min_s']:.1f}x)"
+            for v, d in spread.items()) + ".")
+    fields = {**acc, "budget_s": budget, "over_budget": bool(budget and acc["machine_s"] > budget),
+              "cut": [] if complete else None, "headline_test_seconds": spread}
+    return fields, " ".join(words)
 
 
 def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device: str | None = None,
@@ -93,14 +136,16 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
             pass
     from lab import _manifest
 
+    wall_s = time.perf_counter() - t_start
+    runs, spent = cost(cfg, res, tables_only=tables_only, wall_s=wall_s)
     manifest = {
-        "command": command, "config": asdict(cfg), "started": started,
+        "command": command, "tables_only": bool(tables_only), "config": asdict(cfg), "started": started,
         "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "wall_s": time.perf_counter() - t_start, "timings": res.get("timings", {}),
-        "compute_s": float(sum(r.get("seconds", 0.0) for ph in ("tune", "test", "continual") for r in res.get(ph, []))),
+        "wall_s": wall_s, "timings": res.get("timings", {}),
+        "compute_s": runs["run_s"], "runs": runs,     # every distinct run once (see cost)
         "machine": machine(), "sources": source_hashes(), "fingerprint": env.fingerprint,
         "intervals": __import__("lab.experiments.aware.intervals", fromlist=["KIND"]).KIND,
-        "note": next((v for k, v in NOTES.items() if PRESETS.get(k) == cfg), "a custom configuration"),
+        "note": next((v for k, v in NOTES.items() if PRESETS.get(k) == cfg), "A custom configuration.") + " " + spent,
         "chosen_lr": res.get("chosen", {}), "tables": listed,
         "sha256": _manifest.digests(out, listed),   # every table's sha256: load_study checks them
         "complete": bool(res.get("complete", True)),

@@ -178,6 +178,23 @@ def _shown(path) -> str:
         return str(path)
 
 
+def run_cost(m: dict) -> str:
+    """What the study's runs cost, from its manifest (``runs``: :func:`lab.experiments.aware.shipped.cost`),
+    told apart from the command that wrote the tables (a ``--tables-only`` regeneration takes seconds)."""
+    r, mach = m.get("runs"), m.get("machine", {})
+    if not r:   # an older manifest: its compute_s may count a run shared by two phases twice
+        return (f"{m.get('compute_s', 0) / 3600:.1f} h of run time on {mach.get('cpu', '?')} "
+                f"({mach.get('cpu_count', '?')} cores)")
+    words = (f"{r['count']} distinct runs: {r['run_s'] / 3600:.1f} h of summed run time, {r['machine_s'] / 3600:.1f} h "
+             f"of wall clock with at least one running, on {'; '.join(r.get('machines') or ['?'])}")
+    if r.get("budget_s"):
+        words += (f" (budget {r['budget_s'] / 3600:.0f} h: {'over' if r['machine_s'] > r['budget_s'] else 'within'}, "
+                  f"{r['machine_s'] / r['budget_s']:.1f}x; {'nothing cut' if r.get('cut') == [] else 'incomplete'})")
+    if m.get("tables_only"):
+        words += f"; this regeneration of the tables itself took {m.get('wall_s', 0):.0f} s"
+    return words
+
+
 def provenance(study: dict, *, code_check: bool = True) -> str:
     """Markdown: command, date, machine, compute time, source hash, how complete the study is — and a
     loud line when the code changed."""
@@ -185,8 +202,7 @@ def provenance(study: dict, *, code_check: bool = True) -> str:
     cfg, mach = m["config"], m.get("machine", {})
     lines = [f"**Study** `{_shown(study['path'])}` — command `{m['command']}`; tables written {m['finished']}; "
              f"{len(study.get('runs', ())) } test runs and {len(study.get('tuning', ()))} tuning candidates finished, "
-             f"{m.get('compute_s', 0) / 3600:.1f} h of run time on {mach.get('cpu', '?')} "
-             f"({mach.get('cpu_count', '?')} cores); sources sha256 `{m['sources']['sha256'][:12]}`; seeds "
+             f"{run_cost(m)}; sources sha256 `{m['sources']['sha256'][:12]}`; seeds "
              f"{cfg['seeds']} (methods group; {cfg.get('ablation_seeds', len(cfg['seeds']))} for the other groups"
              + (f"; {', '.join(v.split('/')[-1] for v in cfg['headline'])} also on {cfg['headline_seeds']}"
                 if cfg.get("headline_seeds") else "") + "); "
@@ -347,8 +363,22 @@ def _display_label(row, group: str) -> str:
             "calib_size": "n=200"}.get(group, "aware") + " (main)"
 
 
+def _trainable(study: dict, variant: str) -> str:
+    """The variant's trainable parameter count (millions) and its LoRA/DoRA rank: the count AWARe's is
+    matched to (``trainable %`` is of each model's own total, which adapters enlarge)."""
+    runs = study.get("runs")
+    if runs is None or "trainable" not in getattr(runs, "columns", ()):
+        return "n/a"
+    d = runs[runs.variant == variant]
+    if not len(d):
+        return "n/a"
+    rank = int(d.lora_rank.iloc[0]) if "lora_rank" in d.columns and np.isfinite(d.lora_rank.iloc[0]) else 0
+    return f"{d.trainable.iloc[0] / 1e6:.2f} M" + (f" (rank {rank})" if rank else "")
+
+
 def table(study: dict, group: str, metrics=("downstream", "R_easy_vqa", "R_probe", "R", "E", "H"), digits: int = 1):
-    """One row per variant: each metric as ``estimate [95 % interval]``, the chosen lr, the trainable share."""
+    """One row per variant: each metric as ``estimate [95 % interval]``, the chosen lr, the trainable
+    share and count (with the LoRA/DoRA rank)."""
     import pandas as pd
 
     g = group_rows(study, group)
@@ -358,7 +388,8 @@ def table(study: dict, group: str, metrics=("downstream", "R_easy_vqa", "R_probe
     for (v, lbl), d in g.groupby(["variant", "label"], sort=False):
         lr = d.lr.iloc[0]
         r = {"variant": _display_label({"variant": v, "label": lbl}, group),
-             "lr": "-" if not np.isfinite(lr) else f"{lr:.1e}", "trainable %": round(100 * d.trainable_frac.iloc[0], 1)}
+             "lr": "-" if not np.isfinite(lr) else f"{lr:.1e}", "trainable %": round(100 * d.trainable_frac.iloc[0], 1),
+             "trainable": _trainable(study, v)}
         for m in metrics:
             x = d[d.metric == m]
             dg = 3 if m in ("downstream", "up_easy_vqa", "up_probe") else digits
@@ -369,6 +400,29 @@ def table(study: dict, group: str, metrics=("downstream", "R_easy_vqa", "R_probe
         r["seeds"] = int(d.seeds.iloc[0])
         rows[v] = r
     return pd.DataFrame(list(rows.values()))
+
+
+def finding_line(study: dict, group: str) -> str:
+    """The paper's finding that ``group`` tests, with its computed verdict (``findings.csv``), in one
+    short line for a figure's title; "" when the group tests none or the finding is not in the tables."""
+    from lab.experiments.aware.study_tables import FINDINGS
+
+    f = study.get("findings")
+    if f is None or not len(f):
+        return ""
+    verdict = dict(zip(f.finding, f.verdict))
+    for finding, _, parts in FINDINGS:
+        if finding in verdict and {b.split("/", 1)[0] for _, b, _ in parts} == {group}:
+            return f"the paper: {finding} — {verdict[finding]} (H, section 7)"
+    return ""
+
+
+def _titled(fig, title: str, line: str):
+    """``title`` with the group's finding verdict as a smaller second line (room made for it)."""
+    if line:
+        title = f"{title}<br><sup>{line}</sup>"
+        fig.update_layout(margin=dict(t=max(110, (fig.layout.margin.t or 0) + 30)))
+    return fig.update_layout(title=title)
 
 
 def bars(study: dict, group: str, metrics=("R", "E", "H"), title: str = ""):
@@ -389,14 +443,13 @@ def bars(study: dict, group: str, metrics=("R", "E", "H"), title: str = ""):
                                                                array=d.hi - d.estimate, arrayminus=d.estimate - d.lo),
                     customdata=np.stack([d.lo, d.hi], axis=-1) if len(d) else None,
                     hovertemplate=m + " %{y:.1f}% [%{customdata[0]:.1f}, %{customdata[1]:.1f}]<extra>%{x}</extra>")
-    fig.update_layout(barmode="group", title=title or f"{name}: R, E, H (95 % intervals)",
-                      yaxis_title="percent", yaxis_ticksuffix="%", height=420)
+    fig.update_layout(barmode="group", yaxis_title="percent", yaxis_ticksuffix="%", height=420)
     if note:   # partly run: say what is missing under the title
         fig.add_annotation(text=_wrap(note, 110), showarrow=False, x=0, y=1.0, xref="paper", yref="paper", yanchor="bottom",
                            xanchor="left", font=dict(size=11, color="#57606a"))
         fig.update_layout(margin=dict(t=120))
     fig.add_hline(y=100, line_dash="dot", line_color="grey")
-    return fig
+    return _titled(fig, title or f"{name}: R, E, H (95 % intervals)", "" if title else finding_line(study, group))
 
 
 def rho_figure(study: dict, title: str = ""):
@@ -415,14 +468,14 @@ def rho_figure(study: dict, title: str = ""):
                         customdata=np.stack([d.lo, d.hi], axis=-1) if len(d) else None,
                         hovertemplate=f"rho %{{x:g}}: {m} %{{y:.1f}}% [%{{customdata[0]:.1f}}, %{{customdata[1]:.1f}}]"
                                       "<extra></extra>")
-    fig.update_layout(title=title or "R, E and H over rho (95 % intervals)", xaxis_title="rho (fraction of target rows frozen)",
+    fig.update_layout(xaxis_title="rho (fraction of target rows frozen)",
                       yaxis_title="percent", yaxis_ticksuffix="%", height=420)
     note = group_note(study, "rho")
     if note:
         fig.add_annotation(text=_wrap(note, 110), showarrow=False, x=0, y=1.0, xref="paper", yref="paper", yanchor="bottom",
                            xanchor="left", font=dict(size=11, color="#57606a"))
         fig.update_layout(margin=dict(t=120))
-    return fig
+    return _titled(fig, title or "R, E and H over rho (95 % intervals)", "" if title else finding_line(study, "rho"))
 
 
 GROUP_SYMBOLS = ("circle", "diamond", "square", "triangle-up", "cross", "x", "star", "pentagon", "hexagon")
@@ -673,16 +726,45 @@ def readme_section(study: dict) -> str:
              f"Right now it is {state}.", "",
              "```bash",
              "lab aware study --status          # what is finished and what is left (nothing runs)",
-             "lab aware study --executor ray    # resume on every core: only the missing runs run (~6-9 min each on one core)",
+             "lab aware study --executor ray    # resume on every core: only the missing runs run",
              "lab aware study --tables-only     # the tables and results/aware/README.md from the finished runs",
              "lab aware check                   # re-run one finished run here and compare every answer",
              "```", "",
              "Every finished run is one JSON file in `results/aware/runs/`, named by a hash of everything that "
              "changes its numbers (data, method, rate, seed, recipe), so an interrupted study loses at most the runs "
-             "in flight. A run takes 6-9 min on one core of this project's 2-core machine (measured on the first "
-             "runs); the whole study, ~110 runs with the tuning, about 6-8 hours with both cores.", "",
+             "in flight." + _readme_cost(m), "",
+             *_readme_findings(study),
              *_shipped_cache_line(study), ""]
     return "\n".join(parts)
+
+
+def _readme_cost(m: dict) -> str:
+    """What the shipped study's runs cost, from its manifest (nothing when it does not say)."""
+    r = m.get("runs")
+    if not r or not r.get("count"):
+        return ""
+    words = (f" Its {r['count']} runs (tuning included) took {r['run_s'] / 3600:.1f} h of summed run time and "
+             f"{r['machine_s'] / 3600:.1f} h of wall clock with at least one running, on "
+             f"{'; '.join(r.get('machines') or ['?'])}")
+    if r.get("budget_s"):
+        over = r["machine_s"] > r["budget_s"]
+        words += (f": {r['machine_s'] / r['budget_s']:.1f}x the {r['budget_s'] / 3600:.0f}-hour budget"
+                  + (" (nothing was cut)" if r.get("cut") == [] else ""))
+        if over and r.get("headline_test_seconds"):
+            words += ("; the same job's run time varied with what else the cores were running (" + ", ".join(
+                f"{VARIANT_NAMES.get(v, v)}'s test runs {d['min_s'] / 60:.0f}-{d['max_s'] / 60:.0f} min"
+                for v, d in r["headline_test_seconds"].items()) + ")")
+    return words + "."
+
+
+def _readme_findings(study: dict) -> list[str]:
+    """The paper's four findings as the study's verdicts, each with its paired H intervals."""
+    f = study.get("findings")
+    if f is None or not len(f):
+        return []
+    return ["The paper's four findings, as verdicts computed from paired H differences with 95 % intervals "
+            "(*reproduced*, *contradicted* or *not detected*; notebook 04, section 7):", "",
+            *[f"- {r.finding}: **{r.verdict}** — {r.evidence}" for r in f.itertuples()], ""]
 
 
 def _shipped_cache_line(study: dict) -> list[str]:

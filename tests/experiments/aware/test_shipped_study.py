@@ -36,6 +36,22 @@ def test_manifest_lists_exactly_the_files_shipped_and_its_provenance(study):
     assert m["config"] == json.loads(json.dumps(asdict(plan.PRESETS["shipped"])))   # the shipped preset
 
 
+def test_manifest_tells_the_regeneration_from_the_runs_and_states_the_budget(study):
+    """compute_s counts every run file once (a tuning run that is also a test run, or a variant two
+    groups share, is one run); a --tables-only regeneration says so, and the budget is stated."""
+    m, recs = study["manifest"], _records()
+    r = m["runs"]
+    assert r["count"] == len(recs) and m["compute_s"] == pytest.approx(sum(x["seconds"] for x in recs.values()))
+    assert r["machine_s"] <= r["run_s"] + 1e-6 and r["concurrent_s"] <= r["machine_s"]
+    assert r["machines"] == sorted({x["machine"] for x in recs.values()})
+    assert r["budget_s"] == plan.BUDGETS["shipped"] and r["over_budget"] == (r["machine_s"] > r["budget_s"])
+    if m.get("complete"):
+        assert r["cut"] == [] and "Nothing was cut" in m["note"]
+    if m.get("tables_only"):
+        assert "--tables-only" in m["command"] and "regenerated from the" in m["note"]
+    assert f"{r['run_s'] / 3600:.1f} h of summed run time" in m["note"]
+
+
 def _records():
     from lab._io import read_json
 
