@@ -11,6 +11,12 @@ ratio new/base, and the totals.
     python benchmarks/bench_report.py --base f0898de            # ~25-40 min on 2 cores
     python benchmarks/bench_report.py --base f0898de --no-png   # without kaleido's PNG export
     python benchmarks/bench_report.py --base f0898de --new HEAD # a commit, not the working tree
+    python benchmarks/bench_report.py --whole --jobs 1 2        # this tree's whole `lab report`, one
+                                                                # notebook at a time vs two side by side
+
+``--whole`` times the whole command instead (``lab report --jobs J`` for each J of ``--jobs`` here,
+and with ``--base`` the base tree's whole ``lab report`` first), each with its own empty cache, the
+settings alternating ``--repeats`` times; it prints each elapsed time and its ratio to the first.
 """
 from __future__ import annotations
 
@@ -33,13 +39,60 @@ def _run(tree: Path, nb: str, out: Path, cache: Path, extra: list[str]) -> tuple
     return time.perf_counter() - t0, r.returncode
 
 
+def _whole(tree: Path, out: Path, cache: Path, extra: list[str]) -> tuple[float, int]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "LAB_CACHE_DIR": str(cache)}
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "lab", "report", "--out", str(out), *extra], cwd=tree, env=env,
+                       capture_output=True, text=True, timeout=7200)
+    return time.perf_counter() - t0, r.returncode
+
+
+def whole(a, extra: list[str]) -> int:
+    """``--whole``: the whole command per setting, alternating, each with an empty cache."""
+    import shutil
+
+    with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
+        tmp = Path(tmp)
+        settings = [(f"this tree, --jobs {j}", ROOT, [*extra, "--jobs", str(j)]) for j in a.jobs]
+        if a.base:
+            base = tmp / "base"
+            subprocess.run(["git", "worktree", "add", "--detach", str(base), a.base], cwd=ROOT, check=True,
+                           capture_output=True)
+            settings.insert(0, (f"{a.base} (one at a time)", base, extra))
+        times = {name: [] for name, _, _ in settings}
+        try:
+            for rep in range(a.repeats):
+                for i, (name, tree, args) in enumerate(settings):
+                    folder = tmp / f"run{rep}-{i}"
+                    t, rc = _whole(tree, folder / "out", folder / "cache", args)
+                    shutil.rmtree(folder, ignore_errors=True)
+                    times[name].append(t)
+                    print(f"  {name:32s} {t:7.1f} s{'' if rc == 0 else f'  (exit {rc})'}", flush=True)
+        finally:
+            if a.base:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tmp / "base")], cwd=ROOT,
+                               capture_output=True)
+    first = min(times[settings[0][0]])
+    print(f"{'setting':34s} {'best s':>7s} {'ratio':>6s}")
+    for name, ts in times.items():
+        print(f"{name:34s} {min(ts):7.1f} {min(ts) / first:6.2f}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--base", default="f0898de", help="the earlier commit (default: f0898de)")
+    p.add_argument("--base", default="f0898de", help="the earlier commit (default: f0898de; with --whole: none "
+                                                     "unless given)")
     p.add_argument("--new", default=None, help="compare this commit instead of the checkout (a worktree too)")
     p.add_argument("--no-png", action="store_true", help="pass --no-png to both trees")
+    p.add_argument("--whole", action="store_true", help="time the whole `lab report` per setting (see above)")
+    p.add_argument("--jobs", type=int, nargs="+", default=[1, 2], help="with --whole: the --jobs values timed here")
+    p.add_argument("--repeats", type=int, default=1, help="with --whole: rounds of every setting (best kept)")
     a = p.parse_args(argv)
     extra = ["--no-png"] if a.no_png else []
+    if a.whole:
+        a.base = a.base if "--base" in (argv if argv is not None else sys.argv[1:]) else None
+        return whole(a, extra)
     with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
         tmp = Path(tmp)
         base = tmp / "base"

@@ -193,7 +193,7 @@ def router_table(runs, scenario: str) -> pd.DataFrame:
         row = {"method": f"TOSCA ({r})", "Ā": fmt(*stat(runs, "avg_inc_acc", **sel)),
                "A_B": fmt(*stat(runs, "last_acc", **sel)),
                "routing acc. (%)": fmt(*stat(runs, "routing_accuracy_last", **sel))}
-        for b in ("simplecil", "ranpac"):
+        for b in HEADLINE_BASELINES:
             if b in baselines(runs):
                 m, h, _ = paired(runs, "last_acc", sel, dict(scenario=scenario, method=b))
                 row[f"A_B − {b}"] = fmt_diff(m, h)
@@ -203,6 +203,69 @@ def router_table(runs, scenario: str) -> pd.DataFrame:
         rows.append({"method": b, "Ā": fmt(*stat(runs, "avg_inc_acc", **sel)),
                      "A_B": fmt(*stat(runs, "last_acc", **sel)), "routing acc. (%)": ""})
     return pd.DataFrame(rows).fillna("")
+
+
+HEADLINE_BASELINES = ("simplecil", "ranpac", "fecam")   # what every router of TOSCA is compared with
+HALF_WIDTH_TARGET = 2.5   # points: A_B's 95 % half-width the shipped study aims at for every row
+
+
+def comparisons(runs) -> pd.DataFrame:
+    """The study's headline comparisons as tidy rows, each a paired difference of A_B (by seed) with
+    its 95 % t-interval and a verdict: TOSCA under every router (not the oracle) vs SimpleCIL,
+    RanPAC and FeCAM, and the authors' current ridge router vs the paper's per-sample entropy."""
+    rows = []
+    for scn in dict.fromkeys(runs.scenario):
+        rs = [r for r in routings(runs) if r != "oracle"]
+        pairs = [(f"TOSCA ({r})", dict(scenario=scn, routing=r), b, dict(scenario=scn, method=b))
+                 for r in rs for b in HEADLINE_BASELINES if b in baselines(runs)]
+        if {"ridge", "per-sample"} <= set(rs):
+            pairs.append(("TOSCA (ridge)", dict(scenario=scn, routing="ridge"), "TOSCA (per-sample entropy)",
+                          dict(scenario=scn, routing="per-sample")))
+        for a_name, a, b_name, b in pairs:
+            m, h, n = paired(runs, "last_acc", a, b)
+            rows.append({"scenario": scn, "a": a_name, "b": b_name, "metric": "A_B", "diff": m, "ci95": h,
+                         "lo": m - h, "hi": m + h, "seeds": n, "verdict": verdict(a_name, b_name, m, h)})
+    return pd.DataFrame(rows)
+
+
+def verdict(a: str, b: str, mean: float, half: float) -> str:
+    if spans_zero(mean, half):
+        return "no difference detected"
+    return f"{a} higher" if mean > 0 else f"{a} lower"
+
+
+def comparisons_table(runs, scenario: str) -> pd.DataFrame:
+    """:func:`comparisons` of one scenario, formatted: A_B a − b [95 %] and the verdict."""
+    c = comparisons(runs)
+    c = c[c.scenario == scenario]
+    return pd.DataFrame({"a": c.a, "b": c.b, "A_B a − b (points)": [fmt_diff(m, h) for m, h in zip(c["diff"], c.ci95)],
+                         "95 % interval": [f"[{lo:+.1f}, {hi:+.1f}]".replace("-", "−") for lo, hi in zip(c.lo, c.hi)],
+                         "seeds": c.seeds, "verdict": c.verdict}).reset_index(drop=True)
+
+
+def half_widths(runs) -> pd.DataFrame:
+    """Per scenario and row of the router table (TOSCA under each router, each baseline): seeds, A_B's
+    mean and 95 % half-width, and whether the half-width is within :data:`HALF_WIDTH_TARGET`."""
+    rows = []
+    for scn in dict.fromkeys(runs.scenario):
+        sels = [(f"TOSCA ({r})", dict(scenario=scn, routing=r)) for r in routings(runs)]
+        sels += [(b, dict(scenario=scn, method=b)) for b in baselines(runs)]
+        for name, sel in sels:
+            m, h = stat(runs, "last_acc", **sel)
+            rows.append({"scenario": scn, "row": name, "seeds": len(_select(runs, **sel)), "A_B": m,
+                         "half_width": h, "within_target": bool(h == h and h <= HALF_WIDTH_TARGET)})
+    return pd.DataFrame(rows)
+
+
+def half_width_sentence(runs) -> str:
+    """How many rows meet the half-width target, naming the ones that do not (computed)."""
+    hw = half_widths(runs)
+    miss = hw[~hw.within_target]
+    s = (f"A_B's 95 % half-width is within {HALF_WIDTH_TARGET:g} points for {int(hw.within_target.sum())} of "
+         f"{len(hw)} rows ({runs.seed.nunique()} seeds)")
+    if miss.empty:
+        return s + "."
+    return s + "; not for " + ", ".join(f"{r.row} on {r.scenario} (± {r.half_width:.1f})" for r in miss.itertuples()) + "."
 
 
 def beats(runs, scenario: str, baseline: str) -> pd.DataFrame:
@@ -388,9 +451,9 @@ def efficiency_sentence(params: pd.DataFrame, time: pd.DataFrame | None) -> str:
 
 # --- the question of notebook 02, answered from the numbers ---------------------------------------
 def answer(runs, scenario: str) -> str:
-    """With which router, if any, does TOSCA beat SimpleCIL and RanPAC on ``scenario``?"""
+    """With which router, if any, does TOSCA beat SimpleCIL, RanPAC and FeCAM on ``scenario``?"""
     out = []
-    for b in ("simplecil", "ranpac"):
+    for b in [b for b in HEADLINE_BASELINES if b in baselines(runs)]:
         t = beats(runs, scenario, b)
         win = t[t.verdict == "TOSCA higher"].routing.tolist()
         tie = t[t.verdict == "no difference detected"].routing.tolist()
@@ -404,6 +467,12 @@ def answer(runs, scenario: str) -> str:
             out.append(f"TOSCA is below {b} with every router")
     o = stat(runs, "last_acc", scenario=scenario, routing="oracle")
     out.append(f"with the true task's module (oracle) it reaches A_B {fmt(*o)}")
+    if {"ridge", "per-sample"} <= set(routings(runs)):
+        m, h, n = paired(runs, "last_acc", dict(scenario=scenario, routing="ridge"),
+                         dict(scenario=scenario, routing="per-sample"))
+        out.append("the authors' current ridge router against the paper's per-sample entropy: A_B "
+                   + ("no difference detected" if spans_zero(m, h) else ("higher" if m > 0 else "lower"))
+                   + f" ({fmt_diff(m, h).replace(' (no difference detected)', '')}, {n} seeds)")
     same = same_as_entropy(runs, scenario)
     if same:
         out.append(f"{', '.join(same)} gave exactly the per-sample entropy numbers on every seed (its "
@@ -440,66 +509,67 @@ def _md(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+README_HEADING = "# The shipped TOSCA study"
+
+
 def readme_section(shipped: Shipped) -> str:
-    """The README's "What the offline TOSCA default measures" section, from the shipped tables."""
+    """``results/tosca/README.md``: the shipped study's tables and computed sentences."""
     runs, man = shipped.runs, shipped.manifest
     cfg = man["base_config"]
     first = shipped.scenarios[0]
     parts = [
-        "## What the offline TOSCA default measures",
+        README_HEADING,
+        "",
+        "Generated by `python -m lab.experiments.tosca.results` from the tables in this folder (do not edit); "
+        "notebook 02 renders the same tables with figures.",
         "",
         f"`{man['command']}` ({cfg['backbone']} cached features, B0 Inc{cfg['inc']}, {cfg['epochs']} epochs, "
-        f"seeds {', '.join(map(str, shipped.seeds))}; {man['wall_seconds'] / 60:.0f} min on "
-        f"{man['machine'].get('cpus', '?')} shared CPU cores). Mean ± 95 % t-interval over seeds; "
-        f"differences paired by seed. Tables in `results/tosca/`, notebook 02 renders them.",
+        f"{len(shipped.seeds)} seeds {shipped.seeds[0]}–{shipped.seeds[-1]}, each its own class order; "
+        f"{man['wall_seconds'] / 60:.0f} min on {man['machine'].get('cpus', '?')} CPU cores, "
+        f"{man.get('executor', 'local')} executor). Mean ± 95 % t-interval over seeds; differences paired by seed; "
+        f"a difference whose interval spans zero reads *no difference detected*.",
+        "",
+        half_width_sentence(runs),
     ]
     for scn in shipped.scenarios:
-        parts += ["", f"**{SCENARIO_NAMES.get(scn, scn)}** — TOSCA (reference initialisation) under each router, "
-                      "and the baselines:", "", _md(router_table(runs, scn)), "", answer(runs, scn)]
-    parts += ["", "**Reference initialisation vs this library's former one** (the reference: zero head rows after "
-                  "task 0 and task 0's LuCA from nn.Linear's default; former: uniform rows and Xavier for every "
-                  "task; and each change alone). A_B differences, paired by seed:", "",
+        parts += ["", f"## {SCENARIO_NAMES.get(scn, scn)}", "",
+                  "TOSCA (reference initialisation) under each router, and the baselines (accuracies in %):", "",
+                  _md(router_table(runs, scn)), "", answer(runs, scn), "",
+                  "Headline comparisons (A_B, paired by seed):", "", _md(comparisons_table(runs, scn))]
+    parts += ["", "## Reference initialisation vs this library's former one", "",
+              "The reference: zero head rows after task 0 and task 0's LuCA from nn.Linear's default; former: "
+              "uniform rows and Xavier for every task; and each change alone. A_B differences, paired by seed:", "",
               _md(init_table(runs)),
-              "", f"**The LuCA flow ablation** on {first} (reference initialisation):", "",
+              "", f"## The LuCA flow ablation on {first}", "", "Reference initialisation:", "",
               _md(flow_table(runs, first))]
     if shipped.efficiency_params is not None:
         em = shipped.efficiency_manifest
         load = em["machine"].get("loadavg_before")
         busy = f"; load average {load[1]:.1f} on {em['machine'].get('cpus', '?')} cores while timing, so " \
                "absolute times are slow and the ratios are what compare" if load else ""
-        parts += ["", f"**Efficiency** (`{em['command']}`; parameters exact from the architectures built on the "
-                      f"meta device, time per training step, mean ± 95 % t-interval over steps{busy}):", "",
+        parts += ["", "## Efficiency", "", f"`{em['command']}`: parameters exact from the architectures built on "
+                      f"the meta device, time per training step, mean ± 95 % t-interval over steps{busy}.", "",
                   _md(efficiency_params_table(shipped.efficiency_params)), "",
                   _md(efficiency_time_table(shipped.efficiency_time)), "",
                   efficiency_sentence(shipped.efficiency_params, shipped.efficiency_time)]
     return "\n".join(parts) + "\n"
 
 
-def readme_block(text: str) -> str:
-    """The section as it stands in a README text (from its heading to the next '## ')."""
-    start = text.index("## What the offline TOSCA default measures")
-    end = text.index("\n## ", start + 3)
-    return text[start:end + 1]
-
-
-def update_readme(path=REPO / "README.md", shipped: Shipped | None = None) -> None:
-    """Write the section into the README (replacing it, or before the AWARe section)."""
+def update_readme(folder=None, shipped: Shipped | None = None) -> Path:
+    """Write ``<folder>/README.md`` (default ``results/tosca``) from the shipped tables, atomically."""
     from lab import _io
 
-    path = Path(path)
-    text = path.read_text()
-    section = readme_section(shipped or load())
-    if "## What the offline TOSCA default measures" in text:
-        text = text.replace(readme_block(text), section + "\n" if not section.endswith("\n\n") else section)
-    else:
-        anchor = "## What the offline AWARe default measures"
-        text = text.replace(anchor, section + "\n" + anchor)
+    shipped = shipped or load(folder)
+    path = Path(shipped.folder) / "README.md"
+    text = readme_section(shipped)
     _io.atomic_write(path, lambda p: p.write_text(text))
+    return path
 
 
 if __name__ == "__main__":
-    update_readme()
-    print("README section updated from", RESULTS)
+    import sys
+
+    print("wrote", update_readme(sys.argv[1] if len(sys.argv) > 1 else None))
 
 
 # --- a live run against the shipped intervals ---------------------------------------------------------

@@ -90,9 +90,38 @@ def test_tables_init_flow_and_readme_section(study):
     title = R.flow_figure(s.runs, "a").layout.title.text
     assert "(97.0)" in title and "oracle 10.0" in title  # computed, not written ahead
     section = R.readme_section(s)
-    assert section.startswith("## What the offline TOSCA default measures") and "| TOSCA (per-sample) |" in section
-    readme = f"# x\n\n{section}\n## What the offline AWARe default measures\n"
-    assert R.readme_block(readme) == section + "\n"
+    assert section.startswith(R.README_HEADING) and "| TOSCA (per-sample) |" in section
+    path = R.update_readme(study)
+    assert path == study / "README.md" and path.read_text() == section
+
+
+def test_headline_comparisons_and_half_widths_by_hand(study):
+    runs = R.load(study).runs
+    c = R.comparisons(runs).set_index(["a", "b"])
+    # TOSCA (per-sample) − SimpleCIL per seed: (1, 2, 3): mean 2, half-width t(2) · 1 / sqrt(3)
+    row = c.loc[("TOSCA (per-sample)", "simplecil")]
+    assert row["diff"] == 2.0 and row.ci95 == pytest.approx(4.302652729911275 / 3 ** 0.5)
+    assert row.verdict == "no difference detected" and row.seeds == 3
+    assert c.loc[("TOSCA (per-sample)", "ranpac")].verdict == "TOSCA (per-sample) lower"
+    assert "fecam" not in set(c.index.get_level_values("b"))           # not in this study: left out
+    assert not any("oracle" in a for a in c.index.get_level_values("a"))  # the oracle is not a method
+    hw = R.half_widths(runs).set_index("row")
+    assert hw.loc["TOSCA (oracle)", "half_width"] == pytest.approx(4.302652729911275 / 3 ** 0.5)  # 96, 97, 98
+    assert hw.loc["TOSCA (oracle)", "within_target"] == bool(True)                               # 2.48
+    assert hw.loc["simplecil", "half_width"] == pytest.approx(4.302652729911275 * 5 / 3 ** 0.5)
+    text = R.half_width_sentence(runs)
+    assert text.startswith("A_B's 95 % half-width is within 2.5 points for 1 of 4 rows (3 seeds); not for ")
+    assert "simplecil on a (± 12.4)" in text and "oracle" not in text
+
+
+def test_ridge_against_entropy_is_a_paired_comparison(study):
+    rows = _rows()
+    rows += [{**r, "routing": "ridge", "last_acc": r["last_acc"] + 5.0 + r["seed"] % 2}
+             for r in rows if r["method"] == "tosca" and r["routing"] == "per-sample"]
+    runs = pd.DataFrame(rows).fillna({"flow": "", "head_init": "", "luca_init": ""})
+    c = R.comparisons(runs).set_index(["a", "b"]).loc[("TOSCA (ridge)", "TOSCA (per-sample entropy)")]
+    assert c["diff"] == pytest.approx(17 / 3) and c.verdict == "TOSCA (ridge) higher"   # 6, 5, 6
+    assert "ridge router against the paper's per-sample entropy: A_B higher (+5.7 ± " in R.answer(runs, "a")
 
 
 def test_stale_sources_are_named(study):
