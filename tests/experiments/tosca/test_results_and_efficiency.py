@@ -145,9 +145,16 @@ def test_live_check_compares_only_at_the_studys_settings(study):
     s = R.load(study)
     live = pd.DataFrame([{"method": "tosca", "routing": "per-sample", "last_acc": 76.0},
                          {"method": "simplecil", "routing": "single", "last_acc": 10.0}])
-    out = R.live_check(s, live, RunConfig(datasets=("a",), seed=1))
-    assert "tosca (per-sample): live A_B 76.00" in out and "inside" in out.splitlines()[0]
-    assert "OUTSIDE" in out.splitlines()[1]
+    out = R.live_check(s, live, RunConfig(datasets=("a",), seed=1)).splitlines()
+    # seed 1's shipped per-sample A_B is 81 and SimpleCIL's 80: the live numbers differ from their own seed
+    assert out[0] == "tosca (per-sample): live A_B 76.00; shipped seed 1: 81.00 — !!! DIFFERS by -5.00 points: check the setup !!!"
+    assert "DIFFERS" in out[1]
+    same = pd.DataFrame([{"method": "tosca", "routing": "per-sample", "last_acc": 81.0}])
+    assert R.live_check(s, same, RunConfig(datasets=("a",), seed=1)).endswith("shipped seed 1: 81.00 — reproduced")
+    # a seed the study lacks: the 95 % prediction interval of one more seed, 77 ± t(2)·4.58·√(4/3) (81, 72, 78)
+    inside = R.live_check(s, pd.DataFrame([{"method": "tosca", "routing": "per-sample", "last_acc": 60.0}]),
+                          RunConfig(datasets=("a",), seed=7))
+    assert "a new seed would fall in 77.00 ± 22.77" in inside and inside.endswith("inside")
     assert "not comparable" in R.live_check(s, live, RunConfig(datasets=("a",), seed=1, epochs=2))
     assert "not in it" in R.live_check(s, live, RunConfig(datasets=("b",), seed=1))
 
