@@ -46,7 +46,7 @@ class StudyConfig:
     n_probe: int = 320                 # text-probe questions (all 320)
     n_val: int = 150                   # validation questions per set, for choosing the rates
     grids: tuple[tuple[str, tuple[float, ...]], ...] = ()   # () : each method's registry grid
-    max_extensions: int = 2            # grid points added past an edge choice, per variant
+    max_extensions: int = 4            # grid points added past an edge choice, per variant (rho=0.9 needed a third)
     methods: tuple[str, ...] = ("zero-shot", "full", "lora", "dora", "aware")
     rho0_in_methods: bool = True       # q/k/v + projector trained with nothing frozen (rho = 0)
     rules: tuple[str, ...] = ("activation-balanced", "weight-norm", "random")
