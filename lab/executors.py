@@ -45,11 +45,18 @@ def check(executor: str, address: str | None = None) -> None:
         raise ValueError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
     if address is not None and executor != "ray":
         raise ValueError(f"address {address!r} joins a Ray cluster: it needs executor 'ray'")
-    if executor == "ray":
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise ValueError("executor 'ray' needs Ray: pip install -e '.[scale]' (or pip install ray)") from None
+    if executor == "ray" and not has_ray():
+        raise ValueError("executor 'ray' needs Ray: pip install -e '.[scale]' (or pip install ray)")
+
+
+def has_ray() -> bool:
+    """Whether Ray is installed, without importing it (~2 s): a bad command line answers at once."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):      # a blocked or broken entry in sys.modules
+        return False
 
 
 def add_arguments(parser, kept: str) -> None:
@@ -71,11 +78,8 @@ def check_arguments(args) -> None:
         raise V.bad("--address", args.address, "joins a Ray cluster: needs --executor ray")
     if args.address is not None and not args.address.strip():
         raise V.bad("--address", args.address, "give auto, HOST:PORT or ray://HOST:PORT")
-    if args.executor == "ray":
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise V.bad("--executor", "ray", "needs Ray: pip install -e '.[scale]' (or pip install ray)") from None
+    if args.executor == "ray" and not has_ray():
+        raise V.bad("--executor", "ray", "needs Ray: pip install -e '.[scale]' (or pip install ray)")
 
 
 def _jsonable(x):

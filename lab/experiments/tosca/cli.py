@@ -416,6 +416,8 @@ def study_main(argv, prog: str = "lab tosca study") -> int:
     from . import study
 
     p = study.parser(prog)
+    p.epilog = ("--executor defaults to ray where Ray is installed and the machine has two cores or more "
+                "(every core, one variant per task), else local")
     tracking.add_argument(p)
     args = p.parse_args(argv)
     only = argparse.ArgumentParser(add_help=False)
@@ -426,7 +428,7 @@ def study_main(argv, prog: str = "lab tosca study") -> int:
     except (ImportError, ValueError, RuntimeError) as exc:
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return 2
-    rc = study.main(rest, prog=prog)
+    rc = study.main(with_default_executor(rest), prog=prog)
     try:
         if rc == 0:
             tracking.log_tosca_study(track, args.out or runs.active())
@@ -434,6 +436,22 @@ def study_main(argv, prog: str = "lab tosca study") -> int:
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     return rc
+
+
+def with_default_executor(argv: list[str], cpus: int | None = None) -> list[str]:
+    """``lab tosca study`` on every core by default: where Ray is installed (the dev and scale
+    extras) and the machine has two cores or more, ``--executor ray`` unless the command line names
+    an executor (``--executor local``: one variant after another in this process). Ray itself is
+    not imported here."""
+    import os
+
+    if any(a.split("=")[0] in ("--executor", "--address") for a in argv):   # named, or implied by --address
+        return list(argv)
+    from lab.executors import has_ray
+
+    if (cpus or os.cpu_count() or 1) < 2 or not has_ray():
+        return list(argv)
+    return [*argv, "--executor", "ray"]
 
 
 def config_from_args(args):

@@ -224,3 +224,16 @@ def test_study_replaces_its_folder_as_a_whole(tmp_path, monkeypatch, capsys):
     m = read_json(out / "manifest.json")
     assert m["baselines"] == ["ncm"] and m["sha256"] == {k: after[k] for k in ("runs.csv", "summary.csv")}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study"]
+
+
+def test_lab_tosca_study_runs_on_ray_by_default_where_it_is_installed(monkeypatch):
+    from lab import executors
+    from lab.experiments.tosca.cli import with_default_executor
+
+    monkeypatch.setattr(executors, "has_ray", lambda: True)
+    assert with_default_executor(["--seeds", "1"], cpus=2) == ["--seeds", "1", "--executor", "ray"]
+    assert with_default_executor(["--seeds", "1"], cpus=1) == ["--seeds", "1"]          # one core: in this process
+    for named in (["--executor", "local"], ["--executor=local"], ["--address", "auto"]):
+        assert with_default_executor(named, cpus=2) == named                          # the user's choice stands
+    monkeypatch.setattr(executors, "has_ray", lambda: False)
+    assert with_default_executor(["--seeds", "1"], cpus=2) == ["--seeds", "1"]          # no Ray: local
