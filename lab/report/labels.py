@@ -61,6 +61,9 @@ LABELS: dict[str, tuple[str, str]] = {
     "shipped_tosca_per_sample_last_acc": ("Shipped study: TOSCA A_B, per-sample routing", _SEEDS_PCT),
     "shipped_tosca_per_sample_avg_inc_acc": ("Shipped study: TOSCA average incremental accuracy Ā, per-sample "
                                              "routing", _SEEDS_PCT),
+    "shipped_tosca_ridge_last_acc": ("Shipped study: TOSCA A_B, the authors' global ridge router", _SEEDS_PCT),
+    "shipped_ridge_minus_entropy_last_acc": ("Shipped study: A_B of ridge routing minus per-sample entropy, paired "
+                                             "by seed", "points, ± 95 % interval over seeds"),
     "shipped_ranpac_last_acc": ("Shipped study: RanPAC A_B", _SEEDS_PCT),
     # 03_aware_saliency
     "q_top1pct_energy": ("Activation energy in the top 1 % of q neurons, median layer", "% (uniform: 1 %)"),
