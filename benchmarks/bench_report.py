@@ -31,20 +31,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(tree: Path, nb: str, out: Path, cache: Path, extra: list[str]) -> tuple[float, int]:
+def _report(tree: Path, out: Path, cache: Path, args: list[str]) -> tuple[float, int]:
+    """``lab report ARGS --out OUT`` in ``tree`` (imported through ``PYTHONPATH``) with its own feature
+    cache: (wall seconds, exit status)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "LAB_CACHE_DIR": str(cache)}
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "lab", "report", "--only", nb, "--out", str(out), *extra],
-                       cwd=tree, env=env, capture_output=True, text=True, timeout=3600)
-    return time.perf_counter() - t0, r.returncode
-
-
-def _whole(tree: Path, out: Path, cache: Path, extra: list[str]) -> tuple[float, int]:
-    env = {**os.environ, "PYTHONPATH": str(tree), "LAB_CACHE_DIR": str(cache)}
-    t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "lab", "report", "--out", str(out), *extra], cwd=tree, env=env,
+    r = subprocess.run([sys.executable, "-m", "lab", "report", "--out", str(out), *args], cwd=tree, env=env,
                        capture_output=True, text=True, timeout=7200)
     return time.perf_counter() - t0, r.returncode
+
+
+def _run(tree: Path, nb: str, out: Path, cache: Path, extra: list[str]) -> tuple[float, int]:
+    return _report(tree, out, cache, ["--only", nb, *extra])
 
 
 def whole(a, extra: list[str]) -> int:
@@ -64,7 +62,7 @@ def whole(a, extra: list[str]) -> int:
             for rep in range(a.repeats):
                 for i, (name, tree, args) in enumerate(settings):
                     folder = tmp / f"run{rep}-{i}"
-                    t, rc = _whole(tree, folder / "out", folder / "cache", args)
+                    t, rc = _report(tree, folder / "out", folder / "cache", args)
                     shutil.rmtree(folder, ignore_errors=True)
                     times[name].append(t)
                     print(f"  {name:32s} {t:7.1f} s{'' if rc == 0 else f'  (exit {rc})'}", flush=True)

@@ -435,10 +435,12 @@ def default_jobs() -> int:
     return 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
-def _schedule(sources: list[Path], jobs: int, start: Callable[[Path], Any], finish: Callable[[Path, Any], None]):
+def _schedule(sources: list[Path], jobs: int, start: Callable[[Path], Any], finish: Callable[[Path, Any], None],
+              deps: dict[Path, list[str]] | None = None):
     """Run ``start(src)`` for every notebook, at most ``jobs`` at a time, a notebook only once those
-    it declares in :func:`after` have finished (names outside ``sources`` do not hold it back), in
-    the order given otherwise; ``finish`` gets each result in this thread as it arrives.
+    it declares (``deps``, default :func:`after` of each) have finished (names outside ``sources`` do
+    not hold it back), in the order given otherwise; ``finish`` gets each result in this thread as it
+    arrives.
 
     Side by side, each ``start`` runs in a daemon thread (the notebook itself is its own kernel
     process) and this thread waits on a queue, so Ctrl-C or SIGTERM reaches it at once and the
@@ -451,7 +453,8 @@ def _schedule(sources: list[Path], jobs: int, start: Callable[[Path], Any], fini
             finish(src, start(src))
         return
     names = {s.stem for s in sources}
-    needs = {s: set(after(s)) & names for s in sources}
+    deps = deps if deps is not None else {s: after(s) for s in sources}
+    needs = {s: set(deps[s]) & names for s in sources}
     arrived: queue.Queue = queue.Queue()
 
     def work(src: Path) -> None:
@@ -505,9 +508,10 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
     sources = discover(notebooks_dir, only)
     if not sources:
         raise _params.ParamsError(f"no notebooks in {notebooks_dir}")
+    deps = {}
     for src in sources:  # fail fast on bad parameters, before any kernel starts
         _params.resolve(src, profile, overrides)
-        after(src)
+        deps[src] = after(src)
     jobs = max(1, min(jobs or default_jobs(), len(sources)))
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     logging.getLogger("papermill").setLevel(logging.WARNING)
@@ -542,7 +546,7 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
         write_index(out_dir, notebooks_dir)
 
     try:
-        _schedule(sources, jobs, start, finish)
+        _schedule(sources, jobs, start, finish, deps)
     except BaseException:
         if jobs > 1:
             _remove_own_staging(out_dir)

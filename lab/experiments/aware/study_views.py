@@ -178,6 +178,12 @@ def _shown(path) -> str:
         return str(path)
 
 
+def _spent(r: dict) -> tuple[str, str, str]:
+    """A manifest's ``runs`` (:func:`lab.experiments.aware.shipped.cost`) in words: summed run time,
+    wall clock with a run going, and the machines the runs recorded."""
+    return f"{r['run_s'] / 3600:.1f} h", f"{r['machine_s'] / 3600:.1f} h", "; ".join(r.get("machines") or ["?"])
+
+
 def run_cost(m: dict) -> str:
     """What the study's runs cost, from its manifest (``runs``: :func:`lab.experiments.aware.shipped.cost`),
     told apart from the command that wrote the tables (a ``--tables-only`` regeneration takes seconds)."""
@@ -185,8 +191,8 @@ def run_cost(m: dict) -> str:
     if not r:   # an older manifest: its compute_s may count a run shared by two phases twice
         return (f"{m.get('compute_s', 0) / 3600:.1f} h of run time on {mach.get('cpu', '?')} "
                 f"({mach.get('cpu_count', '?')} cores)")
-    words = (f"{r['count']} distinct runs: {r['run_s'] / 3600:.1f} h of summed run time, {r['machine_s'] / 3600:.1f} h "
-             f"of wall clock with at least one running, on {'; '.join(r.get('machines') or ['?'])}")
+    run_h, wall_h, where = _spent(r)
+    words = f"{r['count']} distinct runs: {run_h} of summed run time, {wall_h} of wall clock with at least one running, on {where}"
     if r.get("budget_s"):
         words += (f" (budget {r['budget_s'] / 3600:.0f} h: {'over' if r['machine_s'] > r['budget_s'] else 'within'}, "
                   f"{r['machine_s'] / r['budget_s']:.1f}x; {'nothing cut' if r.get('cut') == [] else 'incomplete'})")
@@ -743,9 +749,9 @@ def _readme_cost(m: dict) -> str:
     r = m.get("runs")
     if not r or not r.get("count"):
         return ""
-    words = (f" Its {r['count']} runs (tuning included) took {r['run_s'] / 3600:.1f} h of summed run time and "
-             f"{r['machine_s'] / 3600:.1f} h of wall clock with at least one running, on "
-             f"{'; '.join(r.get('machines') or ['?'])}")
+    run_h, wall_h, where = _spent(r)
+    words = (f" Its {r['count']} runs (tuning included) took {run_h} of summed run time and {wall_h} of wall clock "
+             f"with at least one running, on {where}")
     if r.get("budget_s"):
         over = r["machine_s"] > r["budget_s"]
         words += (f": {r['machine_s'] / r['budget_s']:.1f}x the {r['budget_s'] / 3600:.0f}-hour budget"

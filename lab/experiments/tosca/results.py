@@ -184,24 +184,25 @@ def baselines(runs) -> list[str]:
     return [m for m in dict.fromkeys(runs.method) if m != "tosca"]
 
 
+def router_rows(runs, scenario: str) -> list[tuple[str, str, dict]]:
+    """The rows of the router table, as (name, kind, selection): TOSCA (reference initialisation)
+    under every router, then each baseline."""
+    return ([(f"TOSCA ({r})", "TOSCA", dict(scenario=scenario, routing=r)) for r in routings(runs)]
+            + [(b, "baseline", dict(scenario=scenario, method=b)) for b in baselines(runs)])
+
+
 def router_table(runs, scenario: str) -> pd.DataFrame:
     """TOSCA (reference init) under every router and each baseline: Ā, A_B, routing accuracy, and
     TOSCA's A_B minus SimpleCIL's and RanPAC's, paired by seed."""
     rows = []
-    for r in routings(runs):
-        sel = dict(scenario=scenario, routing=r)
-        row = {"method": f"TOSCA ({r})", "Ā": fmt(*stat(runs, "avg_inc_acc", **sel)),
-               "A_B": fmt(*stat(runs, "last_acc", **sel)),
-               "routing acc. (%)": fmt(*stat(runs, "routing_accuracy_last", **sel))}
-        for b in HEADLINE_BASELINES:
+    for name, kind, sel in router_rows(runs, scenario):
+        row = {"method": name, "Ā": fmt(*stat(runs, "avg_inc_acc", **sel)), "A_B": fmt(*stat(runs, "last_acc", **sel)),
+               "routing acc. (%)": fmt(*stat(runs, "routing_accuracy_last", **sel)) if kind == "TOSCA" else ""}
+        for b in HEADLINE_BASELINES if kind == "TOSCA" else ():
             if b in baselines(runs):
                 m, h, _ = paired(runs, "last_acc", sel, dict(scenario=scenario, method=b))
                 row[f"A_B − {b}"] = fmt_diff(m, h)
         rows.append(row)
-    for b in baselines(runs):
-        sel = dict(scenario=scenario, method=b)
-        rows.append({"method": b, "Ā": fmt(*stat(runs, "avg_inc_acc", **sel)),
-                     "A_B": fmt(*stat(runs, "last_acc", **sel)), "routing acc. (%)": ""})
     return pd.DataFrame(rows).fillna("")
 
 
@@ -224,11 +225,12 @@ def comparisons(runs) -> pd.DataFrame:
         for a_name, a, b_name, b in pairs:
             m, h, n = paired(runs, "last_acc", a, b)
             rows.append({"scenario": scn, "a": a_name, "b": b_name, "metric": "A_B", "diff": m, "ci95": h,
-                         "lo": m - h, "hi": m + h, "seeds": n, "verdict": verdict(a_name, b_name, m, h)})
+                         "lo": m - h, "hi": m + h, "seeds": n, "verdict": verdict(a_name, m, h)})
     return pd.DataFrame(rows)
 
 
-def verdict(a: str, b: str, mean: float, half: float) -> str:
+def verdict(a: str, mean: float, half: float) -> str:
+    """``a − b``'s verdict from its mean and 95 % half-width: no difference detected, or a higher / lower."""
     if spans_zero(mean, half):
         return "no difference detected"
     return f"{a} higher" if mean > 0 else f"{a} lower"
@@ -248,9 +250,7 @@ def half_widths(runs) -> pd.DataFrame:
     mean and 95 % half-width, and whether the half-width is within :data:`HALF_WIDTH_TARGET`."""
     rows = []
     for scn in dict.fromkeys(runs.scenario):
-        sels = [(f"TOSCA ({r})", dict(scenario=scn, routing=r)) for r in routings(runs)]
-        sels += [(b, dict(scenario=scn, method=b)) for b in baselines(runs)]
-        for name, sel in sels:
+        for name, _, sel in router_rows(runs, scn):
             m, h = stat(runs, "last_acc", **sel)
             rows.append({"scenario": scn, "row": name, "seeds": len(_select(runs, **sel)), "A_B": m,
                          "half_width": h, "within_target": bool(h == h and h <= HALF_WIDTH_TARGET)})
@@ -275,9 +275,7 @@ def beats(runs, scenario: str, baseline: str) -> pd.DataFrame:
         if r == "oracle":
             continue
         m, h, n = paired(runs, "last_acc", dict(scenario=scenario, routing=r), dict(scenario=scenario, method=baseline))
-        rows.append({"routing": r, "diff": m, "ci95": h, "seeds": n,
-                     "verdict": "no difference detected" if spans_zero(m, h) else ("TOSCA higher" if m > 0 else
-                                                                                "TOSCA lower")})
+        rows.append({"routing": r, "diff": m, "ci95": h, "seeds": n, "verdict": verdict("TOSCA", m, h)})
     return pd.DataFrame(rows)
 
 
@@ -364,12 +362,9 @@ def router_figure(runs, scenario: str):
     import plotly.express as px
 
     rows = []
-    for r in routings(runs):
-        m, h = stat(runs, "last_acc", scenario=scenario, routing=r)
-        rows.append({"method": f"TOSCA ({r})", "kind": "TOSCA", "A_B": m, "half": h})
-    for b in baselines(runs):
-        m, h = stat(runs, "last_acc", scenario=scenario, method=b)
-        rows.append({"method": b, "kind": "baseline", "A_B": m, "half": h})
+    for name, kind, sel in router_rows(runs, scenario):
+        m, h = stat(runs, "last_acc", **sel)
+        rows.append({"method": name, "kind": kind, "A_B": m, "half": h})
     df = pd.DataFrame(rows).fillna({"half": 0})
     best = df[(df.kind == "TOSCA") & (df.method != "TOSCA (oracle)")].sort_values("A_B").iloc[-1]
     top = df[df.kind == "baseline"].sort_values("A_B").iloc[-1]
