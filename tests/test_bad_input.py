@@ -316,6 +316,7 @@ ROWS: list[Row] = [
     R("tosca study", "--executor", ["--executor", "slurm"], "argument --executor: invalid choice"),
     R("tosca study", "--address", ["--address", "auto"], "--address auto: joins a Ray cluster: needs --executor ray"),
     R("tosca study", "--seeds", ["--seeds", "1993", "1993"], "lists a seed twice"),
+    R("tosca study", "--headline-seeds", ["--headline-seeds", "7", "7"], "lists a seed twice"),
     R("tosca study", "--scenarios", ["--scenarios", "nope"], "unknown dataset 'nope'; valid:"),
     R("tosca study", "--baselines", ["--baselines", "nope"], "not a baseline; valid:"),
     R("tosca study", "--resolution", ["--resolution", "7"], "--resolution 7: must be an integer >= 32"),
