@@ -57,7 +57,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "gate_mean_departure": ("Mean |gate − 0.5| on each task's own images", "0 to 0.5 (0.5 = fully open or closed)"),
     "overlap_cosine_offdiag": ("Gate overlap between tasks, cosine, mean over task pairs", "−1 to 1"),
     "overlap_jaccard_offdiag": ("Active gate dimensions shared by two tasks, Jaccard, mean over pairs", "0 to 1"),
-    "shipped_seeds": ("Seeds in the shipped study", "seeds"),
+    "shipped_seeds": ("Seeds in the shipped study's headline (TOSCA under every router, the baselines)", "seeds"),
     "shipped_tosca_per_sample_last_acc": ("Shipped study: TOSCA A_B, per-sample routing", _SEEDS_PCT),
     "shipped_tosca_per_sample_avg_inc_acc": ("Shipped study: TOSCA average incremental accuracy Ā, per-sample "
                                              "routing", _SEEDS_PCT),

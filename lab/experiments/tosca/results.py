@@ -176,6 +176,38 @@ def paired(runs, metric: str, a: dict, b: dict) -> tuple[float, float, int]:
     return mean, half, len(d)
 
 
+def headline_seeds(runs) -> list[int]:
+    """Seeds of the headline: TOSCA with the reference initialisation (and the baselines beside it)."""
+    ref = (runs.method == "tosca") & (runs.flow == "tosca") & (runs.head_init == REF[0]) & (runs.luca_init == REF[1])
+    return sorted(runs[ref].seed.unique().tolist())
+
+
+def ablation_seeds(runs) -> list[int]:
+    """Seeds at which the initialisation and flow ablations ran (every variant; the study may run
+    the headline at more seeds, ``lab tosca study --headline-seeds``)."""
+    abl = (runs.method == "tosca") & ((runs.flow != "tosca") | (runs.head_init != REF[0]) | (runs.luca_init != REF[1]))
+    return sorted(runs[abl].seed.unique().tolist()) or headline_seeds(runs)
+
+
+def on_ablation_seeds(runs):
+    """``runs`` at the ablation seeds only, so an ablation's reference row and its alternatives
+    are means over the same seeds (class orders)."""
+    return runs[runs.seed.isin(ablation_seeds(runs))]
+
+
+def seeds_phrase(runs) -> str:
+    """How many seeds the tables rest on, e.g. '50 seeds (1993–2042) for the headline, 10 (1993–2002)
+    for the initialisation and flow ablations'."""
+    def span(s):
+        return f"{s[0]}–{s[-1]}" if len(s) > 1 else f"{s[0]}"
+
+    head, abl = headline_seeds(runs), ablation_seeds(runs)
+    if head == abl:
+        return f"{len(head)} seeds {span(head)}"
+    return (f"{len(head)} seeds ({span(head)}) for the headline — TOSCA with the reference initialisation under "
+            f"every router, and the baselines — and {len(abl)} ({span(abl)}) for the initialisation and flow ablations")
+
+
 def routings(runs) -> list[str]:
     return list(dict.fromkeys(runs[runs.method == "tosca"].routing))
 
@@ -262,7 +294,7 @@ def half_width_sentence(runs) -> str:
     hw = half_widths(runs)
     miss = hw[~hw.within_target]
     s = (f"A_B's 95 % half-width is within {HALF_WIDTH_TARGET:g} points for {int(hw.within_target.sum())} of "
-         f"{len(hw)} rows ({runs.seed.nunique()} seeds)")
+         f"{len(hw)} rows ({len(headline_seeds(runs))} seeds)")
     if miss.empty:
         return s + "."
     return s + "; not for " + ", ".join(f"{r.row} on {r.scenario} (± {r.half_width:.1f})" for r in miss.itertuples()) + "."
@@ -286,7 +318,9 @@ ALTERNATIVES = {OLD: "both (former)", ("uniform", "reference"): "uniform head on
 def init_table(runs) -> pd.DataFrame:
     """Reference initialisation (zero head rows after task 0, task 0's LuCA from nn.Linear's
     default) vs this library's former one (uniform rows, Xavier LuCA) and each change alone:
-    A_B reference − alternative, paired by seed (alternatives not in the study are left out)."""
+    A_B reference − alternative, paired by seed (alternatives not in the study are left out), at
+    the ablation seeds."""
+    runs = on_ablation_seeds(runs)
     rows = []
     for scn in dict.fromkeys(runs.scenario):
         for r in ("per-sample", "oracle", "mahalanobis"):
@@ -308,7 +342,9 @@ FLOW_TEXT = {"tosca": "h = LN(x + a(x)); h·s(h)", "adapter": "LN(a(x))", "calib
 
 
 def flow_long(runs, scenario: str) -> pd.DataFrame:
-    """Per flow and routing (oracle, per-sample): mean and half-width of A_B and Ā (for the figure)."""
+    """Per flow and routing (oracle, per-sample): mean and half-width of A_B and Ā (for the figure),
+    at the ablation seeds."""
+    runs = on_ablation_seeds(runs)
     rows = []
     for f in FLOW_TEXT:
         for r in ("oracle", "per-sample"):
@@ -323,7 +359,9 @@ def flow_long(runs, scenario: str) -> pd.DataFrame:
 
 def flow_table(runs, scenario: str) -> pd.DataFrame:
     """The LuCA flow ablation (reference init): A_B under the oracle and per-sample routing, and
-    each flow's difference from 'tosca' (paired by seed); trainable parameters in all."""
+    each flow's difference from 'tosca' (paired by seed); trainable parameters in all; at the
+    ablation seeds."""
+    runs = on_ablation_seeds(runs)
     rows = []
     for f in FLOW_TEXT:
         o, p = dict(scenario=scenario, flow=f, routing="oracle"), dict(scenario=scenario, flow=f, routing="per-sample")
@@ -352,7 +390,8 @@ def flow_figure(runs, scenario: str):
                  text_auto=".1f", range_y=(0, 100),
                  title=f"LuCA flow ablation, {scenario}: highest oracle A_B with flow {best.flow} "
                        f"({best.accuracy:.1f}); spread across flows: oracle {spread.get('oracle', float('nan')):.1f}, "
-                       f"per-sample {spread.get('per-sample', float('nan')):.1f} points (± 95 %, {_nseeds(runs)} seeds)")
+                       f"per-sample {spread.get('per-sample', float('nan')):.1f} points "
+                       f"(± 95 %, {len(ablation_seeds(runs))} seeds)")
     fig.update_layout(height=420, yaxis_title="A_B (%)")
     return fig
 
@@ -374,9 +413,6 @@ def router_figure(runs, scenario: str):
     fig.update_layout(height=420, yaxis_title="A_B (%)")
     return fig
 
-
-def _nseeds(runs) -> int:
-    return runs.seed.nunique()
 
 
 # --- efficiency --------------------------------------------------------------------------------------
@@ -519,7 +555,7 @@ def readme_section(shipped: Shipped) -> str:
         "notebook 02 renders the same tables with figures.",
         "",
         f"`{man['command']}` ({cfg['backbone']} cached features, B0 Inc{cfg['inc']}, {cfg['epochs']} epochs, "
-        f"{len(shipped.seeds)} seeds {shipped.seeds[0]}–{shipped.seeds[-1]}, each its own class order; "
+        f"{seeds_phrase(runs)}, each seed its own class order; "
         f"{man['wall_seconds'] / 60:.0f} min on {man['machine'].get('cpus', '?')} CPU cores, "
         f"{man.get('executor', 'local')} executor). Mean ± 95 % t-interval over seeds; differences paired by seed; "
         f"a difference whose interval spans zero reads *no difference detected*.",

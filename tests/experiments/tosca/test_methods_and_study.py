@@ -174,6 +174,26 @@ def test_study_variants_are_a_pure_product_of_frozen_configs():
     assert len(v) == 2 * (len(study.INITS) + 3 + 1) + 2 * (len(study.INITS) + 1)
 
 
+def test_headline_seeds_run_only_the_reference_tosca_and_the_baselines():
+    from lab.experiments.tosca import study
+
+    base = RunConfig(epochs=1)
+    v = study.variants(base, scenarios=["a", "b+c"], seeds=[1, 2], baselines=["ncm"], routings=["per-sample"],
+                       headline_seeds=[2, 3, 4])
+    extra = [(c.datasets, c.seed, c.method, c.flow, c.head_init, c.luca_init) for c in v if c.seed > 2]
+    assert sorted(extra) == sorted((d, s, m, "tosca", "reference", "reference") for d in (("a",), ("b", "c"))
+                                   for s in (3, 4) for m in ("tosca", "ncm"))
+    assert len(v) == len(study.variants(base, scenarios=["a", "b+c"], seeds=[1, 2], baselines=["ncm"],
+                                        routings=["per-sample"])) + len(extra)
+    # the defaults: the headline's 50 seeds only when the command line names no seeds
+    for argv, seeds, head in (([], list(study.SEEDS), list(study.HEADLINE_SEEDS)), (["--seeds", "7"], [7], []),
+                              (["--seeds", "7", "--headline-seeds", "8"], [7], [8])):
+        args = study.parser().parse_args(argv)
+        study.resolve_seeds(args)
+        assert (args.seeds, args.headline_seeds) == (seeds, head)
+    assert set(study.SEEDS) <= set(study.HEADLINE_SEEDS) and len(study.HEADLINE_SEEDS) == 50
+
+
 def test_t_interval_by_hand():
     from lab.experiments.tosca.study import t_interval
 

@@ -201,3 +201,27 @@ def test_a_gated_router_equal_to_entropy_is_named(study):
     ref = runs.index[(runs.routing == "entropy-ncm") & (runs.head_init == "reference") & (runs.flow == "tosca")]
     runs.loc[ref[-1], "last_acc"] += 1.0  # one seed differs
     assert R.same_as_entropy(runs, "a") == []
+
+
+def test_headline_seeds_beyond_the_ablations_keep_each_table_on_its_own_seeds():
+    """A study whose headline (reference TOSCA, baselines) ran at a fourth seed: the router table and
+    the comparisons use all four, the initialisation and flow ablations the three they share."""
+    rows = _rows()
+    head = [dict(r, seed=4, last_acc=r["last_acc"] + 30.0, avg_inc_acc=r["avg_inc_acc"] + 30.0) for r in rows
+            if r["seed"] == 1 and (r["method"] != "tosca" or (r["flow"] == "tosca" and r["head_init"] == "reference"))]
+    runs = pd.DataFrame(rows + head).fillna({"flow": "", "head_init": "", "luca_init": ""})
+    assert R.headline_seeds(runs) == [1, 2, 3, 4] and R.ablation_seeds(runs) == [1, 2, 3]
+    assert R.seeds_phrase(runs) == ("4 seeds (1–4) for the headline — TOSCA with the reference initialisation under "
+                                    "every router, and the baselines — and 3 (1–3) for the initialisation and flow "
+                                    "ablations")
+    assert R.seeds_phrase(pd.DataFrame(rows)) == "3 seeds 1–3"
+    init = R.init_table(runs).set_index("routing")
+    assert init.loc["per-sample", "A_B reference"] == R.fmt(*R.t_interval([81.0, 72.0, 78.0]))  # seed 4 left out
+    assert init.loc["per-sample", "reference − both (former)"].startswith("+2.0 ± ")
+    flows = R.flow_table(runs, "a").set_index("flow")
+    assert flows.loc["tosca", "A_B oracle"].startswith("97.0 ± ")      # 96, 97, 98: not seed 4's 126
+    hw = R.half_widths(runs).set_index("row")
+    assert hw.loc["TOSCA (per-sample)", "seeds"] == 4
+    assert "(4 seeds)" in R.half_width_sentence(runs)
+    c = R.comparisons(runs).set_index(["a", "b"]).loc[("TOSCA (per-sample)", "simplecil")]
+    assert c.seeds == 4 and c["diff"] == pytest.approx((1 + 2 + 3 + 1) / 4)
