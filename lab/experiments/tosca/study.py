@@ -112,10 +112,15 @@ _DATA: dict = {}   # ScenarioData per process: variants run in one process (or o
 def run_one(cfg: RunConfig, runs_root, data=None) -> list[dict]:
     """One variant of the study (the unit an executor runs): its tidy rows, one per routing.
     ``data``: a ScenarioData to use instead of the configured datasets' cached features."""
+    import tempfile
+
     from .run import run
 
     t0 = time.perf_counter()
-    res = run(cfg, data=_data(cfg, _DATA) if data is None else data, runs_root=runs_root, progress=False)
+    # the run's folder (its tables and saved modules: ~200 MB for RanPAC's projection) goes as soon as its
+    # rows are read: 590 variants kept until the end filled a 70 GB disk
+    with tempfile.TemporaryDirectory(dir=runs_root) as root:
+        res = run(cfg, data=_data(cfg, _DATA) if data is None else data, runs_root=root, progress=False)
     secs = time.perf_counter() - t0
     tosca = cfg.method == "tosca"
     return [{"scenario": "+".join(cfg.datasets), "seed": cfg.seed, "method": cfg.method,

@@ -194,6 +194,19 @@ def test_headline_seeds_run_only_the_reference_tosca_and_the_baselines():
     assert set(study.SEEDS) <= set(study.HEADLINE_SEEDS) and len(study.HEADLINE_SEEDS) == 50
 
 
+def test_a_study_variant_leaves_no_run_folder_behind(tmp_path):
+    """Each variant's run folder (tables, saved modules) goes once its rows are read: a 590-variant
+    study kept them all and filled the disk."""
+    from lab.experiments.tosca import study
+    from lab.experiments.tosca._synthetic import synthetic_data
+
+    data = synthetic_data(num_tasks=2, dim=8, seed=7)
+    rows = study.run_one(RunConfig(epochs=1, method="ranpac"), tmp_path, data=data)
+    rows += study.run_one(RunConfig(epochs=1, routings=("per-sample", "oracle")), tmp_path, data=data)
+    assert {r["method"] for r in rows} == {"ranpac", "tosca"} and len(rows) == 3
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_t_interval_by_hand():
     from lab.experiments.tosca.study import t_interval
 
