@@ -118,7 +118,9 @@ def run_one(cfg: RunConfig, runs_root, data=None) -> list[dict]:
 
     t0 = time.perf_counter()
     # the run's folder (its tables and saved modules: ~200 MB for RanPAC's projection) goes as soon as its
-    # rows are read: 590 variants kept until the end filled a 70 GB disk
+    # rows are read: 590 variants kept until the end filled a 70 GB disk. ``runs_root`` is made here: on a
+    # Ray cluster the driver's folder need not exist on this node
+    Path(runs_root).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=runs_root) as root:
         res = run(cfg, data=_data(cfg, _DATA) if data is None else data, runs_root=root, progress=False)
     secs = time.perf_counter() - t0

@@ -102,11 +102,14 @@ def run_sweep(base: RunConfig, seeds, l1s, folder: Path, *, executor: str = "loc
                           **executors.resources(c.device, max(1, c.threads))) for c in todo]
     if executor == "ray":    # the features once, here, so that Ray workers only read the cache
         study._data(todo[0], {})
+    scratch = folder / "scratch"    # each variant's run folder, removed once its rows are read (study.run_one)
     try:
-        results = executors.run(jobs, executor=executor, address=address, shared=(str(folder / "runs"),),
+        results = executors.run(jobs, executor=executor, address=address, shared=(str(scratch),),
                                 results_dir=folder / "variants", log=log)
     finally:
         study._DATA.clear()
+        if scratch.is_dir() and not any(scratch.iterdir()):
+            scratch.rmdir()
     runs = pd.DataFrame([row for rows in results for row in rows])
     summary = summarise(runs)
     write_table(folder / "runs", runs)
