@@ -176,16 +176,20 @@ def paired(runs, metric: str, a: dict, b: dict) -> tuple[float, float, int]:
     return mean, half, len(d)
 
 
+def _reference_tosca(runs):
+    """Row mask: TOSCA with the 'tosca' flow and the reference initialisation."""
+    return (runs.flow == "tosca") & (runs.head_init == REF[0]) & (runs.luca_init == REF[1])
+
+
 def headline_seeds(runs) -> list[int]:
     """Seeds of the headline: TOSCA with the reference initialisation (and the baselines beside it)."""
-    ref = (runs.method == "tosca") & (runs.flow == "tosca") & (runs.head_init == REF[0]) & (runs.luca_init == REF[1])
-    return sorted(runs[ref].seed.unique().tolist())
+    return sorted(runs[(runs.method == "tosca") & _reference_tosca(runs)].seed.unique().tolist())
 
 
 def ablation_seeds(runs) -> list[int]:
     """Seeds at which the initialisation and flow ablations ran (every variant; the study may run
     the headline at more seeds, ``lab tosca study --headline-seeds``)."""
-    abl = (runs.method == "tosca") & ((runs.flow != "tosca") | (runs.head_init != REF[0]) | (runs.luca_init != REF[1]))
+    abl = (runs.method == "tosca") & ~_reference_tosca(runs)
     return sorted(runs[abl].seed.unique().tolist()) or headline_seeds(runs)
 
 
