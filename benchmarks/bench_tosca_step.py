@@ -3,11 +3,11 @@
 Three closures on the same random cached batch, timed interleaved (rounds of each in turn, so a load
 change on the machine hits all alike):
 
-* ``step``: the library's step, what ``Tosca._epochs`` runs (lab/tosca/_step.py: the 'tosca' flow's
-  gradients without autograd's graph, written into one flat gradient buffer; the L1 + SGD update as
-  five kernels over one flat buffer).
-* ``autograd``: the eager loop's body as it was before (autograd.grad, then ``add_l1_grad`` and
-  ``sgd_step`` per tensor), kept here only to show the change side by side.
+* ``step``: the library's default step, the 'fused' engine (lab/tosca/_fused.py: the 14 matrix
+  products in torch, everything between them in C kernels of lab/tosca/_fused.c, the L1 + SGD update
+  one pass over one flat buffer).
+* ``eager``: the 'eager' engine's step (lab/tosca/_step.py: the same gradients in torch's kernels,
+  bit-identical to autograd's, and the update as five torch passes over the flat buffer).
 * ``floor``: the bare arithmetic of the same shapes with nothing around it: the 14 matmuls of the
   forward and backward pass (adapter, calibrator, head; no input gradient for the cached features,
   as the step needs none) into buffers allocated once, plus the update's five passes over one flat
@@ -18,7 +18,8 @@ change on the machine hits all alike):
     python benchmarks/bench_tosca_step.py --threads 1 2 --batch 48 --rounds 5
 
 Prints one line per (shape, threads): median ms of each and the ratios to the floor (median over
-rounds, and the range of the per-round ratios); target: step <= 1.5x floor.
+rounds, and the range of the per-round ratios); target: step <= 1.5x floor. Without a C compiler
+the fused step cannot be built and the benchmark says so.
 """
 from __future__ import annotations
 
@@ -55,31 +56,15 @@ def _batch_and_modules(d: int, k: int, batch: int):
     return x, y, LuCA(d), CosineHead(d, k)
 
 
-def library_step(d: int, k: int, batch: int):
-    """A closure running one step of the library's eager loop (``TrainStep``) on random cached features."""
+def library_step(d: int, k: int, batch: int, engine: str = "fused"):
+    """A closure running one step of the given engine ('fused' or 'eager') on random cached features."""
+    from lab.tosca._fused import FusedStep
     from lab.tosca._step import TrainStep
     from lab.tosca.learner import ToscaConfig
 
     x, y, luca, head = _batch_and_modules(d, k, batch)
-    step = TrainStep(luca, head, ToscaConfig(l1=L1, momentum=MOMENTUM))
+    step = (FusedStep if engine == "fused" else TrainStep)(luca, head, ToscaConfig(l1=L1, momentum=MOMENTUM))
     return lambda: step(x, y, LR)
-
-
-def autograd_step(d: int, k: int, batch: int):
-    """The eager loop's body before lab/tosca/_step.py: autograd, then the per-tensor update."""
-    from lab.tosca.learner import add_l1_grad, sgd_step
-
-    x, y, luca, head = _batch_and_modules(d, k, batch)
-    params = [*luca.parameters(), *head.parameters()]
-    n_luca = len(list(luca.parameters()))
-    bufs = [torch.zeros_like(p) for p in params]
-
-    def step():
-        ce = F.cross_entropy(head(luca(x)), y)
-        grads = list(torch.autograd.grad(ce, params))
-        add_l1_grad(params[:n_luca], grads[:n_luca], L1)
-        sgd_step(params, grads, bufs, lr=LR, momentum=MOMENTUM)
-    return step
 
 
 def _views(buf: torch.Tensor, shapes):
@@ -144,13 +129,20 @@ def main(argv=None) -> int:
 
         tune_allocator()
     old = torch.get_num_threads()
-    print(f"{'shape':20s} {'thr':>3s} {'step ms':>8s} {'autograd':>8s} {'floor ms':>8s}"
-          f"  {'step/floor (range)':>19s}  {'autograd/floor (range)':>22s}")
+    from lab.tosca._fused import SOURCE, kernels
+
+    if kernels() is None:
+        from lab._cc import why_not
+
+        print(f"the fused step is not available here: {why_not(SOURCE)}")
+        return 1
+    print(f"{'shape':20s} {'thr':>3s} {'step ms':>8s} {'eager ms':>8s} {'floor ms':>8s}"
+          f"  {'step/floor (range)':>19s}  {'eager/floor (range)':>19s}")
     worst = 0.0
     for name, (d, k) in SHAPES.items():
         for n in a.threads:
             torch.set_num_threads(n)
-            fns = {"step": library_step(d, k, a.batch), "autograd": autograd_step(d, k, a.batch),
+            fns = {"step": library_step(d, k, a.batch), "eager": library_step(d, k, a.batch, "eager"),
                    "floor": floor_step(d, k, a.batch)}
             t = {key: [] for key in fns}
             for _ in range(a.rounds):  # interleaved, so a load change on the machine hits all alike
@@ -158,8 +150,8 @@ def main(argv=None) -> int:
                     t[key].append(_time(fn, a.reps))
             med = {key: statistics.median(v) for key, v in t.items()}
             worst = max(worst, statistics.median([s / f for s, f in zip(t["step"], t["floor"])]))
-            print(f"{name:20s} {n:3d} {med['step']:8.3f} {med['autograd']:8.3f} {med['floor']:8.3f}"
-                  f"  {_ratio_range(t['step'], t['floor']):>19s}  {_ratio_range(t['autograd'], t['floor']):>22s}")
+            print(f"{name:20s} {n:3d} {med['step']:8.3f} {med['eager']:8.3f} {med['floor']:8.3f}"
+                  f"  {_ratio_range(t['step'], t['floor']):>19s}  {_ratio_range(t['eager'], t['floor']):>19s}")
     torch.set_num_threads(old)
     print(f"worst step/floor {worst:.2f} (target <= 1.5)")
     return 0

@@ -34,8 +34,13 @@ SUMMARY_COLS = ("avg_inc_acc", "last_acc", "forgetting", "bwt", "routing_accurac
 # Options added after the capture whose default changes the numbers on purpose: pinned to the value
 # that reproduces the capture (the head's σ learned unconstrained, as the reference and the capture;
 # uniform head rows for every task and Xavier LuCA for every task, as this library before the
-# reference's zero rows and task-0 default init became the defaults).
-PINNED = {"head_scale_param": "free", "head_init": "uniform", "luca_init": "xavier"}
+# reference's zero rows and task-0 default init became the defaults). The training engine is pinned
+# per test: 'eager' computed the capture; the default 'fused' (C kernels, other roundings) is held to
+# the same tolerance — measured, it reproduces every accuracy exactly and the continuous numbers to
+# ~3e-11 relative.
+PINNED = {"head_scale_param": "free", "head_init": "uniform", "luca_init": "xavier", "engine": "eager"}
+ENGINES = ["eager", pytest.param("fused", marks=pytest.mark.skipif(
+    "not __import__('lab.tosca._fused', fromlist=['kernels']).kernels()", reason="no C compiler: no fused engine"))]
 
 
 def _run_config(**kw):
@@ -194,7 +199,9 @@ def test_fixture_records_its_commit(stored):
     assert len(stored["commit"]) == 40 and set(stored) >= {"tosca_synthetic", "tosca_smoke", "aware_tiny"}
 
 
-def test_tosca_synthetic_numbers_unchanged(stored, tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_tosca_synthetic_numbers_unchanged(stored, tmp_path, engine, monkeypatch):
+    monkeypatch.setitem(PINNED, "engine", engine)
     _assert_close(compute_tosca_synthetic(tmp_path), stored["tosca_synthetic"], "tosca_synthetic")
 
 
@@ -207,8 +214,10 @@ def test_aware_continual_summary_unchanged(stored):
 
 
 @pytest.mark.slow
-def test_tosca_notebook02_smoke_numbers_unchanged(stored, tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_tosca_notebook02_smoke_numbers_unchanged(stored, tmp_path, engine, monkeypatch):
     """Notebook 02's method table at its smoke parameters, on real EfficientNet-Lite0 features."""
+    monkeypatch.setitem(PINNED, "engine", engine)
     _assert_close(compute_tosca_real(tmp_path), stored["tosca_smoke"], "tosca_smoke")
 
 

@@ -1,4 +1,6 @@
-"""One step of the eager TOSCA loop (learner.py), made cheap without changing its numbers.
+"""One step of the eager TOSCA loop (learner.py), made cheap without changing its numbers: the
+'eager' engine (the default 'fused' engine, lab/tosca/_fused.py, runs the 'tosca' flow's element-wise
+work in C kernels instead, and falls back to this step where it cannot run).
 
 The loss is ``CE(head(LuCA(x)), y) + l1·Σ|p_luca|`` and the update SGD with momentum, as
 ``add_l1_grad`` + ``sgd_step`` (lab/tosca/_optim.py) define them. At batch 48 on cached features the

@@ -13,8 +13,9 @@ reference's setting) passes a callable that runs the frozen backbone on augmente
 """
 from __future__ import annotations
 
-import math
 import contextlib
+import math
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -30,9 +31,10 @@ from .luca import LuCA, check_flow
 from .ridge import PROJ_DIM, RidgeRouter
 
 
-ENGINES = ("eager", "static", "cuda_graph")
+ENGINES = ("fused", "eager", "static", "cuda_graph")
 HEAD_INITS = ("reference", "uniform")
 LUCA_INITS = ("reference", "xavier")
+_WARNED: set[str] = set()  # fused-engine fallbacks already warned about in this process
 
 
 class NonFiniteLoss(RuntimeError):
@@ -62,9 +64,12 @@ class ToscaConfig:
     # too small to split, and on a busy machine OpenMP spin-waits dominate: measured 7 ms/step with
     # 1 thread vs 144 ms with 2 on the shared 2-core box (load ~6).
     threads: int = 1
-    # ours: 'eager' (the loop below), 'static' (fixed-shape buffers, padded last batch) or
-    # 'cuda_graph' (static, each epoch captured once as a CUDA graph and replayed; needs cuda)
-    engine: str = "eager"
+    # ours: 'fused' (the loop below with the step's element-wise work in C kernels, lab/tosca/_fused.py,
+    # for the 'tosca' flow on the CPU; other flows and devices, or no C compiler (a warning): the eager
+    # step; the log's 'engine' says which ran), 'eager' (the loop below, torch's kernels), 'static'
+    # (fixed-shape buffers, padded last batch) or 'cuda_graph' (static, each epoch captured once as a
+    # CUDA graph and replayed; needs cuda)
+    engine: str = "fused"
     # how the head grows: 'reference' = the first task's rows uniform(±1/√d), every later task's rows
     # ZERO (PILOT's SimpleVitNet.update_fc); 'uniform' = uniform rows for every task (this library before)
     head_init: str = "reference"
@@ -125,6 +130,7 @@ class Tosca(nn.Module):
         self.head = CosineHead(dim, scale=config.head_scale, param=config.head_scale_param)
         self.task_classes: list[list[int]] = []
         self.log: list[dict] = []  # one row per (task, epoch): loss, lr, head scale
+        self.engine_ran = config.engine  # the engine the last task trained with ('fused' may fall back to 'eager')
         # what routers may use (lab.tosca.routing.RouteContext): per-class means of the frozen
         # training features and their pooled within-class scatter, float64 on the CPU
         self.class_means = torch.empty(0, dim, dtype=torch.float64)  # [C, d]
@@ -165,7 +171,7 @@ class Tosca(nn.Module):
         zeros = cfg.head_init == "reference" and self.head.num_classes > 0  # as SimpleVitNet.update_fc
         self.head.grow(len(classes), generator=gen, init="zeros" if zeros else "uniform")
         self._add_feature_stats(x, y, classes)
-        if cfg.engine == "eager":
+        if cfg.engine in ("fused", "eager"):
             epochs = self._epochs(luca, x, y, batch_features, gen)
         else:  # the same maths on static buffers, optionally one CUDA graph per epoch (lab/tosca/_graph.py)
             from ._graph import static_epochs
@@ -179,7 +185,7 @@ class Tosca(nn.Module):
                 raise NonFiniteLoss(f"TOSCA loss became non-finite (ce {ce_mean}, Σ|p| {l1_mass}) in task {t}, "
                                     f"epoch {epoch} (lr {lr:.3g}, l1 {cfg.l1})")
             row = {"task": t, "epoch": epoch, "ce": ce_mean, "l1_mass": l1_mass, "loss": ce_mean + cfg.l1 * l1_mass,
-                   "lr": lr, "head_scale": self.head.scale}
+                   "lr": lr, "head_scale": self.head.scale, "engine": self.engine_ran}
             self.log.append(row)
             if on_epoch:
                 on_epoch(row)
@@ -212,12 +218,33 @@ class Tosca(nn.Module):
         return RouteContext(features=x.detach().cpu().float(), class_means=self.class_means, scatter=self.scatter,
                             scatter_count=self.scatter_count, task_of_class=task_of_class, ridge=self.ridge)
 
+    def _step(self, luca):
+        """The step the configured engine runs: 'fused' for the 'tosca' flow on the CPU when its C
+        kernels build (lab/tosca/_fused.py), else the eager one (lab/tosca/_step.py; a missing
+        compiler warns once); ``self.engine_ran`` says which."""
+        cfg = self.config
+        if cfg.engine == "fused":
+            from ._fused import FusedStep, covers, kernels, why_not_built
+
+            if covers(luca, cfg) and kernels() is not None:
+                self.engine_ran = "fused"
+                return FusedStep(luca, self.head, cfg)
+            why = why_not_built() if covers(luca, cfg) else ""
+            if why and why not in _WARNED:
+                _WARNED.add(why)
+                warnings.warn(f"TOSCA engine 'fused' not used: its C kernels could not be built ({why}); training "
+                              f"with the eager step (the same maths in torch's kernels; numbers differ in the last "
+                              f"digits)", stacklevel=4)
+        self.engine_ran = "eager"
+        return TrainStep(luca, self.head, cfg)
+
     def _epochs(self, luca, x, y, batch_features, gen):
         """The eager loop; yields (epoch, lr, mean CE) after each epoch. Each step is
         ``CE(head(luca(features)), y) + l1·Σ|p_luca|`` and one SGD-momentum update (lab/tosca/_step.py:
-        flat buffers, and the 'tosca' flow's gradients without autograd's graph)."""
+        flat buffers, and the 'tosca' flow's gradients without autograd's graph; lab/tosca/_fused.py: the
+        same step with its element-wise work in C)."""
         cfg, dev = self.config, self.config.device
-        step = TrainStep(luca, self.head, cfg)
+        step = self._step(luca)
         try:
             for epoch in range(cfg.epochs):
                 lr = cosine_lr(cfg, epoch)

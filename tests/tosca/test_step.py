@@ -98,7 +98,7 @@ def _train(data, **kw):
 @pytest.mark.parametrize("head_scale_param", ["positive", "free"])
 def test_the_eager_loop_trains_the_same_model_as_autograd(flow, head_scale_param, monkeypatch):
     data = synthetic_data(num_tasks=3, dim=32, noise=2.0, n_train=37)  # 74 per task: a short last batch
-    kw = dict(flow=flow, ratio=4, head_scale_param=head_scale_param, weight_decay=1e-4)
+    kw = dict(flow=flow, ratio=4, head_scale_param=head_scale_param, weight_decay=1e-4, engine="eager")
     new = _train(data, **kw)
     monkeypatch.setattr(Tosca, "_epochs", _autograd_epochs)
     old = _train(data, **kw)
@@ -114,6 +114,6 @@ def test_the_step_benchmark_runs_and_prints_its_ratios():
                         "--reps", "1"], cwd=root, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
-    assert lines[0].split()[:5] == ["shape", "thr", "step", "ms", "autograd"]
+    assert lines[0].split()[:7] == ["shape", "thr", "step", "ms", "eager", "ms", "floor"]
     assert sum(line.startswith(("lite0", "vit-b16")) for line in lines) == 2
     assert lines[-1].startswith("worst step/floor")

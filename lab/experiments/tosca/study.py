@@ -179,10 +179,12 @@ def summarise(rows):
 
 
 def sources_sha256(unhashed=UNHASHED) -> dict:
-    """sha256 of every source of lab/tosca and lab/experiments/tosca (but the file names in
-    ``unhashed``), keyed by its path from the repository root."""
+    """sha256 of every source of lab/tosca (the fused engine's C kernels and lab/_cc.py, which builds
+    them, included) and lab/experiments/tosca (but the file names in ``unhashed``), keyed by its path
+    from the repository root."""
     root = Path(__file__).resolve().parents[2]
-    files = sorted([*(root / "tosca").glob("*.py"), *(root / "experiments" / "tosca").glob("*.py")])
+    files = sorted([*(root / "tosca").glob("*.py"), *(root / "tosca").glob("*.c"), root / "_cc.py",
+                    *(root / "experiments" / "tosca").glob("*.py")])
     return {f.relative_to(root.parent).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
             for f in files if f.name not in unhashed}
 
