@@ -27,10 +27,11 @@ def test_manifest_names_command_sources_date_machine_and_wall_time(shipped):
     assert m["command"].startswith(("lab tosca study", "python -m lab.experiments.tosca.study"))
     assert m["date"] and m["wall_seconds"] > 0 and m["machine"]["platform"]
     hashed = {p.relative_to(ROOT).as_posix() for p in [*(ROOT / "lab" / "tosca").glob("*.py"),
+                                                       *(ROOT / "lab" / "tosca").glob("*.c"), ROOT / "lab" / "_cc.py",
                                                        *(ROOT / "lab" / "experiments" / "tosca").glob("*.py")]
               if p.name not in S.UNHASHED}
-    assert set(m["sources_sha256"]) <= hashed and {"lab/tosca/learner.py", "lab/experiments/tosca/run.py"} <= \
-        set(m["sources_sha256"])
+    assert set(m["sources_sha256"]) <= hashed and {"lab/tosca/learner.py", "lab/experiments/tosca/run.py",
+                                                   "lab/tosca/_fused.c", "lab/_cc.py"} <= set(m["sources_sha256"])
     assert all(len(v) == 64 for v in m["sources_sha256"].values())
     configs = shipped.runs.drop_duplicates(["scenario", "seed", "method", "flow", "head_init", "luca_init"])
     assert len(configs) == m["runs"]
