@@ -28,7 +28,6 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
 SHAPES = {"lite0 d=1280 K=10": (1280, 10), "vit-b16 d=768 K=100": (768, 100)}
 LR, L1, MOMENTUM = 1e-3, 5e-4, 0.9

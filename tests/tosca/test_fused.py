@@ -15,9 +15,8 @@ import torch.nn.functional as F
 from lab.experiments.tosca._synthetic import synthetic_data
 from lab.tosca import _fused
 from lab.tosca._step import FlatParams, flat_update
-from lab.tosca.head import CosineHead
-from lab.tosca.learner import Tosca, ToscaConfig
-from lab.tosca.luca import LuCA
+from lab.tosca.learner import ToscaConfig
+from tests.tosca._modules import luca_head_batch, train_tosca
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(_fused.kernels() is None, reason=f"no fused kernels: {_fused.why_not_built()}")
@@ -28,18 +27,6 @@ def _one_thread(one_torch_thread):
     """One intra-op thread unless a test sets another."""
 
 
-def _modules(d, k, batch, param, seed, zero_rows=0):
-    g = torch.Generator().manual_seed(seed)
-    luca, head = LuCA(d), CosineHead(d, k, scale=1.3, param=param)
-    luca.reset_parameters(generator=g, init="xavier")
-    head.grow(zero_rows, init="zeros")  # a later task's rows start at zero (F.normalize's eps path)
-    with torch.no_grad():  # a non-trivial LayerNorm and biases
-        for p in luca.parameters():
-            p.add_(0.01 * torch.randn(p.shape, generator=g))
-    x, y = torch.randn(batch, d, generator=g), torch.randint(0, k + zero_rows, (batch,), generator=g)
-    return luca, head, x, y
-
-
 @pytest.mark.parametrize("d,k,batch,zero_rows", [(1280, 10, 48, 0), (768, 100, 48, 2), (96, 5, 17, 3), (40, 3, 1, 0),
                                                  (33, 1, 7, 0)])
 @pytest.mark.parametrize("param", ["positive", "free"])
@@ -47,7 +34,7 @@ def test_fused_gradients_are_as_close_to_exact_as_autograds(d, k, batch, zero_ro
     """Both float32 steps against autograd in float64: measured, each within ~1e-6 of the largest
     entry (the same maths, rounded in other orders)."""
     torch.manual_seed(d)
-    luca, head, x, y = _modules(d, k, batch, param, seed=d + batch, zero_rows=zero_rows)
+    luca, head, x, y = luca_head_batch(d, k, batch, param, seed=d + batch, zero_rows=zero_rows)
     params = [*luca.parameters(), *head.parameters()]
     want_ce = F.cross_entropy(head(luca(x)), y)
     autograd32 = [g.clone() for g in torch.autograd.grad(want_ce, params)]
@@ -89,7 +76,7 @@ def test_fused_update_is_the_eager_update_bit_for_bit(threads):
 
 
 def test_the_kernels_give_the_same_bits_at_one_and_two_threads():
-    luca, head, x, y = _modules(768, 100, 48, "positive", seed=5, zero_rows=2)
+    luca, head, x, y = luca_head_batch(768, 100, 48, "positive", seed=5, zero_rows=2)
     step = _fused.FusedStep(luca, head, ToscaConfig())
     step.gradients(x, y)
     b = next(iter(step.buffers.values()))
@@ -117,17 +104,9 @@ def test_the_kernels_give_the_same_bits_at_one_and_two_threads():
     step.close()
 
 
-def _train(data, **kw):
-    model = Tosca(data.dim, ToscaConfig(epochs=3, **kw))
-    for t, classes in enumerate(data.task_classes):
-        m = data.train_task == t
-        model.learn_task(classes, data.train_x[m], data.train_y[m])
-    return model
-
-
 def test_a_fused_run_is_reproducible_and_close_to_the_eager_run():
     data = synthetic_data(num_tasks=3, dim=48, noise=2.0, n_train=37)  # 74 per task: a short last batch
-    a, b, eager = _train(data), _train(data), _train(data, engine="eager")
+    a, b, eager = train_tosca(data, 3), train_tosca(data, 3), train_tosca(data, 3, engine="eager")
     assert {r["engine"] for r in a.log} == {"fused"} and {r["engine"] for r in eager.log} == {"eager"}
     assert [r["loss"] for r in a.log] == [r["loss"] for r in b.log]
     for x, y in zip(a.state_dict().values(), b.state_dict().values()):
@@ -140,7 +119,7 @@ def test_a_fused_run_is_reproducible_and_close_to_the_eager_run():
 
 def test_other_flows_train_with_the_eager_step_without_a_warning(recwarn):
     data = synthetic_data(num_tasks=2, dim=32, noise=2.0, n_train=20)
-    model = _train(data, flow="adapter")
+    model = train_tosca(data, 3, flow="adapter")
     assert {r["engine"] for r in model.log} == {"eager"}
     assert not [w for w in recwarn if "fused" in str(w.message)]
 

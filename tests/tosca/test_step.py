@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from lab.experiments.tosca._synthetic import synthetic_data
 from lab.tosca._step import FlatParams, autograd_grads, by_name, flat_update, tosca_grads
 from lab.tosca.head import CosineHead
-from lab.tosca.learner import Tosca, ToscaConfig, add_l1_grad, cosine_lr, sgd_step
+from lab.tosca.learner import Tosca, add_l1_grad, cosine_lr, sgd_step
 from lab.tosca.luca import FLOWS, LuCA
+from tests.tosca._modules import luca_head_batch, train_tosca
 
 
 @pytest.fixture(autouse=True)
@@ -20,22 +21,10 @@ def _one_thread(one_torch_thread):
     """Every test here at one intra-op thread (the numbers are a property of the thread count)."""
 
 
-def _modules(d, k, batch, param, seed, zero_rows=0):
-    g = torch.Generator().manual_seed(seed)
-    luca, head = LuCA(d), CosineHead(d, k, scale=1.3, param=param)
-    luca.reset_parameters(generator=g, init="xavier")
-    head.grow(zero_rows, init="zeros")  # a later task's rows start at zero (F.normalize's eps path)
-    with torch.no_grad():  # a non-trivial LayerNorm and biases
-        for p in luca.parameters():
-            p.add_(0.01 * torch.randn(p.shape, generator=g))
-    x, y = torch.randn(batch, d, generator=g), torch.randint(0, k + zero_rows, (batch,), generator=g)
-    return luca, head, x, y
-
-
 @pytest.mark.parametrize("d,k,batch,zero_rows", [(1280, 10, 48, 0), (768, 100, 48, 2), (96, 5, 17, 3), (40, 3, 1, 0)])
 @pytest.mark.parametrize("param", ["positive", "free"])
 def test_tosca_grads_are_autograds_bit_for_bit(d, k, batch, zero_rows, param):
-    luca, head, x, y = _modules(d, k, batch, param, seed=d + batch, zero_rows=zero_rows)
+    luca, head, x, y = luca_head_batch(d, k, batch, param, seed=d + batch, zero_rows=zero_rows)
     params = [*luca.parameters(), *head.parameters()]
     want_ce = F.cross_entropy(head(luca(x)), y)
     want = torch.autograd.grad(want_ce, params)
@@ -48,7 +37,7 @@ def test_tosca_grads_are_autograds_bit_for_bit(d, k, batch, zero_rows, param):
 
 
 def test_flat_update_is_the_per_tensor_update_bit_for_bit():
-    luca, head, x, y = _modules(48, 7, 12, "positive", seed=3)
+    luca, head, x, y = luca_head_batch(48, 7, 12, "positive", seed=3)
     ref_luca, ref_head = LuCA(48), CosineHead(48, 7, scale=1.3)
     ref_luca.load_state_dict(luca.state_dict())
     ref_head.load_state_dict(head.state_dict())
@@ -86,22 +75,14 @@ def _autograd_epochs(self, luca, x, y, batch_features, gen):
         yield epoch, lr, float(ce_sum) / len(y)
 
 
-def _train(data, **kw):
-    model = Tosca(data.dim, ToscaConfig(epochs=2, **kw))
-    for t, classes in enumerate(data.task_classes):
-        m = data.train_task == t
-        model.learn_task(classes, data.train_x[m], data.train_y[m])
-    return model
-
-
 @pytest.mark.parametrize("flow", FLOWS)
 @pytest.mark.parametrize("head_scale_param", ["positive", "free"])
 def test_the_eager_loop_trains_the_same_model_as_autograd(flow, head_scale_param, monkeypatch):
     data = synthetic_data(num_tasks=3, dim=32, noise=2.0, n_train=37)  # 74 per task: a short last batch
     kw = dict(flow=flow, ratio=4, head_scale_param=head_scale_param, weight_decay=1e-4, engine="eager")
-    new = _train(data, **kw)
+    new = train_tosca(data, 2, **kw)
     monkeypatch.setattr(Tosca, "_epochs", _autograd_epochs)
-    old = _train(data, **kw)
+    old = train_tosca(data, 2, **kw)
     assert [r["loss"] for r in new.log] == [r["loss"] for r in old.log]
     assert torch.equal(new.all_logits(data.test_x), old.all_logits(data.test_x))
     for a, b in zip(new.state_dict().values(), old.state_dict().values()):
