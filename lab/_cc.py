@@ -7,11 +7,10 @@ so an edited source or a new machine builds afresh and everything else loads the
 built. The build goes to a temporary name first and is renamed into place, so two processes
 building at once (Ray workers) never load half a file. Flags: ``-O3 -march=native
 -ffp-contract=off -fno-math-errno`` (every rounding the one the source writes), plus ``-fopenmp``
-where the compiler has it.
+where the compiler has it; without ``-march=native`` where the compiler rejects it.
 
 Nothing here raises for a missing or failing compiler: ``load`` returns ``None`` and
-:func:`why_not` says why, so a caller can take its pure-torch path. ``$LAB_NO_CC=1`` makes the
-compiler count as missing (tests; a user who wants torch's kernels only).
+:func:`why_not` says why, so a caller can take its pure-torch path.
 """
 from __future__ import annotations
 
@@ -43,8 +42,6 @@ def _cpu() -> str:
 
 def _compiler() -> tuple[str, str] | None:
     """(compiler, its version line), or None."""
-    if os.environ.get("LAB_NO_CC") == "1":
-        return None
     cc = os.environ.get("CC") or "cc"
     if not shutil.which(cc):
         return None
@@ -56,16 +53,17 @@ def _compiler() -> tuple[str, str] | None:
 
 
 def _build(cc: str, src: Path, out: Path) -> str:
-    """Compile ``src`` to ``out`` (with OpenMP if the compiler has it); '' or the compiler's complaint."""
-    err = ""
-    for extra in (("-fopenmp",), ()):
-        r = subprocess.run([cc, *FLAGS, *extra, str(src), "-o", str(out), "-lm"], capture_output=True, text=True,
+    """Compile ``src`` to ``out``: with OpenMP if the compiler has it, and without ``-march=native``
+    if the compiler rejects it (an older clang on arm64); '' or the compiler's first complaint."""
+    first = ""
+    for flags in (FLAGS + ("-fopenmp",), FLAGS, tuple(f for f in FLAGS if f != "-march=native")):
+        r = subprocess.run([cc, *flags, str(src), "-o", str(out), "-lm"], capture_output=True, text=True,
                            timeout=300)
         if r.returncode == 0:
             return ""
-        err = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["failed"]
-        err = err[0]
-    return err
+        lines = [ln for ln in (r.stderr or r.stdout).splitlines() if ln.strip()]
+        first = first or (lines[-1] if lines else f"exit status {r.returncode}")
+    return first
 
 
 def load(source: str | os.PathLike) -> ctypes.CDLL | None:
@@ -77,8 +75,7 @@ def load(source: str | os.PathLike) -> ctypes.CDLL | None:
     lib = None
     found = _compiler()
     if found is None:
-        _why[name] = "no C compiler (set $CC, or install gcc/clang)" if os.environ.get("LAB_NO_CC") != "1" \
-            else "$LAB_NO_CC=1"
+        _why[name] = "no C compiler (set $CC, or install gcc or clang)"
     else:
         cc, version = found
         key = hashlib.sha256("\0".join([src.read_text(), version, *FLAGS, _cpu()]).encode()).hexdigest()[:16]

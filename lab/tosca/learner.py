@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
+import sys
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -34,7 +34,7 @@ from .ridge import PROJ_DIM, RidgeRouter
 ENGINES = ("fused", "eager", "static", "cuda_graph")
 HEAD_INITS = ("reference", "uniform")
 LUCA_INITS = ("reference", "xavier")
-_WARNED: set[str] = set()  # fused-engine fallbacks already warned about in this process
+_WARNED: set[str] = set()  # fused-engine fallbacks already said in this process
 
 
 class NonFiniteLoss(RuntimeError):
@@ -65,7 +65,7 @@ class ToscaConfig:
     # 1 thread vs 144 ms with 2 on the shared 2-core box (load ~6).
     threads: int = 1
     # ours: 'fused' (the loop below with the step's element-wise work in C kernels, lab/tosca/_fused.py,
-    # for the 'tosca' flow on the CPU; other flows and devices, or no C compiler (a warning): the eager
+    # for the 'tosca' flow on the CPU; other flows and devices, or no C compiler (a note on stderr): the eager
     # step; the log's 'engine' says which ran), 'eager' (the loop below, torch's kernels), 'static'
     # (fixed-shape buffers, padded last batch) or 'cuda_graph' (static, each epoch captured once as a
     # CUDA graph and replayed; needs cuda)
@@ -221,7 +221,7 @@ class Tosca(nn.Module):
     def _step(self, luca):
         """The step the configured engine runs: 'fused' for the 'tosca' flow on the CPU when its C
         kernels build (lab/tosca/_fused.py), else the eager one (lab/tosca/_step.py; a missing
-        compiler warns once); ``self.engine_ran`` says which."""
+        compiler is said once on stderr); ``self.engine_ran`` says which."""
         cfg = self.config
         if cfg.engine == "fused":
             from ._fused import FusedStep, covers, kernels, why_not_built
@@ -230,11 +230,11 @@ class Tosca(nn.Module):
                 self.engine_ran = "fused"
                 return FusedStep(luca, self.head, cfg)
             why = why_not_built() if covers(luca, cfg) else ""
-            if why and why not in _WARNED:
+            if why and why not in _WARNED:   # one line per process and reason, as the other notes of lab
                 _WARNED.add(why)
-                warnings.warn(f"TOSCA engine 'fused' not used: its C kernels could not be built ({why}); training "
-                              f"with the eager step (the same maths in torch's kernels; numbers differ in the last "
-                              f"digits)", stacklevel=4)
+                print(f"note: TOSCA trains with the 'eager' engine here, not 'fused': {why}. The same maths in "
+                      f"torch's kernels; results differ from the fused engine's in the last digits.",
+                      file=sys.stderr, flush=True)
         self.engine_ran = "eager"
         return TrainStep(luca, self.head, cfg)
 

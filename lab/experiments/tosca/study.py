@@ -1,5 +1,7 @@
-"""The TOSCA study: seeds x scenarios x (TOSCA under every router, with each initialisation) and
-the cheap baselines, on cached features -> tidy tables with 95 % intervals over seeds.
+"""The TOSCA study: TOSCA under every router and the cheap baselines over seeds and scenarios.
+
+Seeds x scenarios x (TOSCA under every router, with each initialisation) and the cheap baselines,
+on cached features -> tidy tables with 95 % intervals over seeds.
 
     lab tosca study --executor ray --out results/tosca   # the committed tables (both cores)
     lab tosca study --seeds 1993 --epochs 2 --out /tmp/x   # a quick look (one seed, nothing more)
