@@ -4,8 +4,9 @@
 ``<cache root>/kernels/<name>-<key>.so`` and returns the ``ctypes.CDLL``; the key hashes the source,
 the compiler's version, the flags and the CPU (``-march=native`` code must not run on another CPU),
 so an edited source or a new machine builds afresh and everything else loads the file already
-built. The build goes to a temporary name first and is renamed into place, so two processes
-building at once (Ray workers) never load half a file. Flags: ``-O3 -march=native
+built, once its sha256 matches the one recorded beside it at build time (else it is rebuilt). The
+build goes to a temporary name first and is renamed into place, so two processes building at once
+(Ray workers) never load half a file. Flags: ``-O3 -march=native
 -ffp-contract=off -fno-math-errno`` (every rounding the one the source writes), plus ``-fopenmp``
 where the compiler has it; without ``-march=native`` where the compiler rejects it.
 
@@ -23,6 +24,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from . import _io
 from ._cache import cache_root
 
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
@@ -66,6 +68,14 @@ def _build(cc: str, src: Path, out: Path) -> str:
     return first
 
 
+def _verified(path: Path, side: Path) -> bool:
+    """Whether ``path`` is the file its build recorded (sha256 in ``side``)."""
+    try:
+        return side.read_text().strip() == _io.sha256_file(path)
+    except OSError:
+        return False
+
+
 def load(source: str | os.PathLike) -> ctypes.CDLL | None:
     """The compiled ``source`` (built on first use, cached), or None when it cannot be built."""
     src = Path(source)
@@ -80,8 +90,9 @@ def load(source: str | os.PathLike) -> ctypes.CDLL | None:
         cc, version = found
         key = hashlib.sha256("\0".join([src.read_text(), version, *FLAGS, _cpu()]).encode()).hexdigest()[:16]
         path = cache_root() / "kernels" / f"{src.stem}-{key}.so"
+        side = path.with_name(path.name + ".sha256")
         try:
-            if not path.exists():
+            if not (path.exists() and _verified(path, side)):   # absent, or not the file once built: rebuild
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent, prefix=f".{src.stem}-")
                 os.close(fd)
@@ -90,6 +101,7 @@ def load(source: str | os.PathLike) -> ctypes.CDLL | None:
                     if err:
                         _why[name] = f"{cc} could not build {src.name}: {err}"
                     else:
+                        _io.atomic_write(side, lambda p: p.write_text(_io.sha256_file(tmp) + "\n"))
                         os.replace(tmp, path)
                 finally:
                     if os.path.exists(tmp):

@@ -183,10 +183,19 @@ def test_kernels_are_built_once_per_source_and_machine(tmp_path, monkeypatch):
     (built,) = (tmp_path / "kernels").glob("k-*.so")
     monkeypatch.setattr(_cc, "_loaded", {})
     assert _cc.load(src).one() == 1 and list((tmp_path / "kernels").glob("k-*.so")) == [built]  # reused
+    # damaged (e.g. a disk error): its sha256 no longer matches, so the next process rebuilds it (here in
+    # other processes: this one has the file mapped, and the loader would hand back the loaded copy)
+    built.unlink()
+    load = [sys.executable, "-c", f"from lab import _cc; print(_cc.load({str(src)!r}).one())"]
+    env = {**os.environ, "LAB_CACHE_DIR": str(tmp_path)}
+    assert subprocess.run(load, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT).stdout.strip() == "1"
+    built.write_bytes(built.read_bytes()[:100])
+    p = subprocess.run(load, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.stdout.strip() == "1" and built.stat().st_size > 100, p.stderr[-2000:]
     src.write_text("int one(void) { return 2; }\n")  # an edited source builds afresh
     monkeypatch.setattr(_cc, "_loaded", {})
     assert _cc.load(src).one() == 2 and len(list((tmp_path / "kernels").glob("k-*.so"))) == 2
-    assert not list((tmp_path / "kernels").glob(".k-*"))  # no temporary file left behind
+    assert not list((tmp_path / "kernels").glob(".k-*")) and not list((tmp_path / "kernels").glob("*.tmp*"))
 
 
 def test_a_compiler_without_march_native_still_builds(tmp_path, monkeypatch):
