@@ -52,3 +52,14 @@ def test_bench_tosca_runs_tiny_on_the_cpu(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "end-to-end / feature pass" in p.stdout and "speed-up" in p.stdout
     assert "ratio adapters / LuCA per task:" in p.stdout
+
+
+@pytest.mark.slow
+def test_bench_tosca_engines_prints_a_ratio_with_its_interval():
+    # the user's feature cache (the offline default's features, shared with the notebooks' tests)
+    p = subprocess.run([sys.executable, "benchmarks/bench_tosca_engines.py", "--seeds", "2"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert sum(line.startswith("seed ") for line in lines) == 4, p.stdout
+    assert "eager / fused" in lines[-1] and "[" in lines[-1] and lines[-1].endswith("over 2 seeds"), p.stdout

@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 import torch
 
+from lab.tosca import _fused
+
 FIXTURE = Path(__file__).parent / "fixtures" / "regression_numbers.json"
 SEED = 1993
 TOSCA_SMOKE = dict(datasets=("mnist_5k",), backbone="efficientnet_lite0", resolution=64, init=0, inc=2,
@@ -39,8 +41,8 @@ SUMMARY_COLS = ("avg_inc_acc", "last_acc", "forgetting", "bwt", "routing_accurac
 # the same tolerance — measured, it reproduces every accuracy exactly and the continuous numbers to
 # ~3e-11 relative.
 PINNED = {"head_scale_param": "free", "head_init": "uniform", "luca_init": "xavier", "engine": "eager"}
-ENGINES = ["eager", pytest.param("fused", marks=pytest.mark.skipif(
-    "not __import__('lab.tosca._fused', fromlist=['kernels']).kernels()", reason="no C compiler: no fused engine"))]
+ENGINES = ["eager", pytest.param("fused", marks=pytest.mark.skipif(_fused.kernels() is None,
+                                                                 reason="no C compiler: no fused engine"))]
 
 
 def _run_config(**kw):

@@ -107,8 +107,8 @@ def register(subparsers) -> None:
                                                    "cuda: features in bf16 autocast)")
     p.add_argument("--engine", default="fused", choices=("fused", "eager", "static", "cuda_graph"),
                    help="TOSCA training loop: fused (default: the step's element-wise work in C kernels, built "
-                        "once per machine with the C compiler; falls back to eager, with a warning, where it "
-                        "cannot run), eager (torch's kernels), static buffers, or one CUDA graph per epoch (GPU)")
+                        "once per machine with the C compiler; where it cannot run, eager, said in one line), "
+                        "eager (torch's kernels), static buffers, or one CUDA graph per epoch (GPU)")
     p.add_argument("--head-scale-param", default="positive", choices=("positive", "free"),
                    help="cosine-head scale σ: positive (softplus, stays > 0; default) or free (the reference's "
                         "unconstrained σ, which can turn negative and flip every logit)")
