@@ -73,13 +73,14 @@ class Method:
 
     ``lr_field``: the field of the training recipe that sets this method's language-model (or
     adapter) learning rate (None: nothing trains); ``grid``: the candidate rates a study tunes it
-    over; ``role``: ``"reference"`` (E is relative to it: full fine-tuning), ``"baseline"``,
+    over; ``rate``: the base rate a study's learning-rate front multiplies; ``role``: ``"reference"`` (E is relative to it: full fine-tuning), ``"baseline"``,
     ``"method"`` or ``"none"`` (nothing trains); ``has_targets``: it trains the spec's target layers
     (False: the whole model, or nothing); ``selects_rows``: it freezes rows chosen by the spec's rule
     and rho (the tables then show them)."""
 
     lr_field: str | None = None
     grid: tuple[float, ...] = ()
+    rate: float | None = None       # the centre of its learning-rate front (the study scales it, projector too)
     role: str = "baseline"
     has_targets: bool = True
     selects_rows: bool = False
@@ -134,7 +135,7 @@ class ZeroShot(Method):
 
 @register_method("full")
 class Full(Method):
-    lr_field, grid, role, has_targets = "lr", (2e-5, 5e-5, 1e-4), "reference", False
+    lr_field, grid, rate, role, has_targets = "lr", (2e-5, 5e-5, 1e-4), 1e-5, "reference", False
 
     def prepare(self, model, spec, cfg, saliency=None):
         vision = re.compile(VISION_EXCLUDE)
@@ -145,7 +146,7 @@ class Full(Method):
 
 class _LoRA(Method):
     dora = False
-    lr_field, grid = "lr_adapter", (1e-4, 3e-4, 1e-3)
+    lr_field, grid, rate = "lr_adapter", (1e-4, 3e-4, 1e-3), 3e-4
 
     def prepare(self, model, spec, cfg, saliency=None):
         from peft import LoraConfig, get_peft_model
@@ -177,7 +178,7 @@ class DoRA(_LoRA):
 
 @register_method("aware")
 class Aware(Method):
-    lr_field, grid, role, selects_rows = "lr_aware", (5e-5, 1.5e-4, 5e-4), "method", True
+    lr_field, grid, rate, role, selects_rows = "lr_aware", (5e-5, 1.5e-4, 5e-4), 1e-4, "method", True
 
     def needs_saliency(self, spec):
         return needs_saliency(spec.aware.rule)

@@ -20,7 +20,7 @@ from lab.aware import metrics as M
 from lab.aware.config import AwareConfig
 from lab.aware.methods import MethodSpec, uses_saliency
 from lab.aware.saliency import profile
-from lab.experiments.aware.finetune import evaluate, fit
+from lab.experiments.aware.finetune import evaluate, fit, for_scoring
 from lab.experiments.aware.profiling import calibration_batches
 
 ORDER = ("fashion", "digits", "even")
@@ -47,13 +47,14 @@ def run_sequence(ctx, method: str, seed: int, *, order: tuple[str, ...] = ORDER,
                           targets=aware.targets, progress=progress)
         model = fit(model, spec, cfg, ctx.down[task].train, ctx.enc, saliency=sal, fresh=False, progress=progress,
                     desc=f"continual {method}: {task}")[0]
+        scored = for_scoring(model, cfg.precision)   # float32, or a bf16 copy (the study's precision)
         for t in order[: i + 1]:
-            ev = evaluate(model, tests[t], ctx.enc, batch_size=size.eval_batch)
+            ev = evaluate(scored, tests[t], ctx.enc, batch_size=size.eval_batch)
             rows.append({"method": method, "seed": seed, "stage": i, "stage_task": task, "task": t, "acc": ev["acc"],
                          "correct": ev["correct"]})
     ups = {"easy_vqa": ctx.easy.test, **({"probe": ctx.probe.test} if ctx.probe is not None else {})}
     for skill, qa in ups.items():   # the sweep's upstream evaluation (multiple choice)
-        ev = evaluate(model, qa, ctx.enc, batch_size=size.eval_batch)
+        ev = evaluate(scored, qa, ctx.enc, batch_size=size.eval_batch)
         rows.append({"method": method, "seed": seed, "stage": len(order) - 1, "stage_task": order[-1],
                      "task": f"upstream:{skill}", "acc": ev["acc"], "correct": ev["correct"]})
     return rows

@@ -20,6 +20,27 @@ from lab.experiments.aware.scoring import answer_loss, greedy_answers, option_sc
 from lab.experiments.aware.tasks import QASet, exact_match
 
 
+PRECISIONS = ("fp32", "bf16")
+
+
+def autocast(precision: str, device: str = "cpu"):
+    """The context a training forward runs in: bf16 autocast (float32 master weights, optimizer
+    state and norms; bf16 matmuls) for ``"bf16"``, nothing for ``"fp32"``."""
+    import contextlib
+
+    if precision == "bf16":
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def for_scoring(model: nn.Module, precision: str) -> nn.Module:
+    """The model as it is scored: itself for ``"fp32"``, a bf16 copy of its weights for ``"bf16"``
+    (autocast would re-cast every weight at every forward)."""
+    import copy
+
+    return copy.deepcopy(model).to(torch.bfloat16) if precision == "bf16" else model
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation recipe: the reference's (weight decay 0, 3% warm-up then cosine) with a faster
@@ -39,6 +60,8 @@ class TrainConfig:
     warmup: float = 0.03
     max_grad_norm: float = 1.0
     seed: int = 0
+    precision: str = "fp32"      # "bf16": matmuls under bf16 autocast while training, scored as a bf16 copy
+
 
     def __post_init__(self):
         if self.steps < 0 or self.batch_size < 1:
@@ -51,6 +74,8 @@ class TrainConfig:
         number("weight_decay", self.weight_decay, ge=0)
         if not 0 <= self.warmup < 1:
             raise ValueError("warmup is a fraction of the steps in [0, 1)")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose from {list(PRECISIONS)}")
 
     @property
     def aware_lr(self) -> float:
@@ -78,8 +103,9 @@ def _schedule(step: int, total: int, warmup: float) -> float:
 
 
 def train(model: nn.Module, groups: list[dict], qa: QASet, enc: ChatEncoder, cfg: TrainConfig, *,
-          progress: bool = True, desc: str = "fine-tuning") -> dict:
-    """AdamW on ``groups`` for ``cfg.steps`` steps over shuffled epochs of ``qa``."""
+          progress: bool = True, desc: str = "fine-tuning", stop_after: int | None = None) -> dict:
+    """AdamW on ``groups`` for ``cfg.steps`` steps over shuffled epochs of ``qa`` (``stop_after``:
+    only the first that many steps of the same schedule, for a quick reproduction check)."""
     from tqdm.auto import tqdm
 
     if not groups or cfg.steps == 0:
@@ -95,11 +121,13 @@ def train(model: nn.Module, groups: list[dict], qa: QASet, enc: ChatEncoder, cfg
     losses, times = [], []
     model.train()
     it = iterate(qa, enc, cfg.batch_size, answers=True, order=order[: cfg.steps * cfg.batch_size])
-    for step in tqdm(range(cfg.steps), desc=desc, unit="step", disable=not progress, leave=False):
+    n = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    for step in tqdm(range(n), desc=desc, unit="step", disable=not progress, leave=False):
         t0 = time.perf_counter()
         for g, lr in zip(opt.param_groups, base):
             g["lr"] = lr * _schedule(step, cfg.steps, cfg.warmup)
-        loss = answer_loss(model, next(it))
+        with autocast(cfg.precision, next(model.parameters()).device):
+            loss = answer_loss(model, next(it))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         opt.step()

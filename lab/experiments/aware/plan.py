@@ -22,31 +22,40 @@ from lab.experiments.aware.ablate import Variant
 
 # Bump when a change of the run code changes a finished run's numbers (scoring, training loop, data).
 # 2: options shuffled per question, ties and non-finite scores wrong, LoRA/DoRA seeded, 320-item probe.
-STUDY_VERSION = 2
+# 3: learning-rate fronts (the projector's rate scales with the method's), bf16, tuning seeds apart.
+STUDY_VERSION = 3
 MAIN = AwareConfig(rho=0.3, rule="activation-global", targets="qkv+projector")
 
 
 @dataclass(frozen=True)
 class StudyConfig:
     """How big the study is. ``size``: the :data:`lab.experiments.aware.context.SIZES` preset whose
-    aligned projector and train pool are reused; the other fields replace the preset's."""
+    aligned projector and train pool are reused; the other fields replace the preset's.
+
+    Every trained variant runs on a learning-rate *front*: its method's base recipe (``Method.rate``
+    for the language model or adapter, ``projector_rate`` for the projector, which every method
+    trains) multiplied by each of ``scales``. The methods group runs every scale on every test seed
+    (``seeds``); an ablation variant runs every scale on the tuning seeds (``tune_seeds``, never test
+    seeds, answering validation questions only), then its ``keep`` best scales by validation H on the
+    first ``ablation_seeds`` test seeds (answering test questions only)."""
 
     size: str = "default"
     tiny: bool = False                 # a random 2-layer Llama (tests and smoke renders only)
     task: str = "fashion"
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)   # the methods group
+    precision: str = "bf16"            # bf16 autocast training, bf16 scoring (lab.experiments.aware.finetune)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)   # test seeds: the methods group's fronts
     ablation_seeds: int = 3            # every other group: the first this many of ``seeds``
-    headline_seeds: tuple[int, ...] = ()   # more seeds for the ``headline`` variants (the shipped preset's)
-    headline: tuple[str, ...] = ("methods/full", "methods/aware")
-    tune_seed: int = 0
+    tune_seeds: tuple[int, ...] = (100,)   # tuning seeds: rate choices only, never a test seed
+    scales: tuple[float, ...] = (1 / 27, 1 / 9, 1 / 3, 1.0, 3.0)   # the front: multiples of the base recipe
+    keep: int = 3                      # an ablation variant's best scales (on the tuning seeds) it is tested at
+    projector_rate: float = 1e-3       # the projector's rate at scale 1 (every method trains it)
     steps: int = 64
     batch_size: int = 16
     n_eval: int = 400                  # downstream test questions
     n_easy_eval: int = 600             # easy-VQA test questions
     n_probe: int = 320                 # text-probe questions (all 320)
-    n_val: int = 150                   # validation questions per set, for choosing the rates
-    grids: tuple[tuple[str, tuple[float, ...]], ...] = ()   # () : each method's registry grid
-    max_extensions: int = 4            # grid points added past an edge choice, per variant (rho=0.9 needed a third)
+    n_val: int = 400                   # validation questions per set, for choosing the rates
+    rates: tuple[tuple[str, float], ...] = ()   # (method, base rate) beside the registry's Method.rate
     methods: tuple[str, ...] = ("zero-shot", "full", "lora", "dora", "aware")
     rho0_in_methods: bool = True       # q/k/v + projector trained with nothing frozen (rho = 0)
     rules: tuple[str, ...] = ("activation-balanced", "weight-norm", "random")
@@ -59,25 +68,48 @@ class StudyConfig:
     continual_steps: int = 64
     n_continual_eval: int = 200
     continual_calib: int = 64
-    replicates: int = 2000
+    # bf16 checked against float32: these methods at these scales re-run in float32 on the first
+    # ``ablation_seeds`` test seeds, paired with their bf16 front runs
+    precision_check: tuple[tuple[str, tuple[float, ...]], ...] = (("aware", (1 / 3, 1.0)), ("full", (1.0,)))
 
-    def grid(self, method: str) -> tuple[float, ...]:
-        own = dict(self.grids)
-        return tuple(own[method]) if method in own else tuple(get_method(method).grid)
+    def __post_init__(self):
+        clash = set(self.tune_seeds) & set(self.seeds)
+        if clash:
+            raise ValueError(f"tuning seeds {sorted(clash)} are also test seeds: a rate chosen on a test seed "
+                             "flatters it; give tune_seeds of their own")
+        if not self.tune_seeds or not self.seeds:
+            raise ValueError("a study needs test seeds and tuning seeds")
+        if any(s <= 0 for s in self.scales) or len(set(self.scales)) != len(self.scales):
+            raise ValueError("scales are distinct positive multiples of each method's base rate")
+        if not 1 <= self.keep <= len(self.scales):
+            raise ValueError(f"keep is between 1 and the number of scales ({len(self.scales)})")
+        from lab.experiments.aware.finetune import PRECISIONS
 
-    def seeds_for(self, group: str, variant: str | None = None) -> tuple[int, ...]:
-        """The seeds a variant runs on: its group's, plus ``headline_seeds`` for the ``headline`` variants
-        (``variant``: its id, e.g. ``methods/full``)."""
-        own = tuple(self.seeds) if group == "methods" else tuple(self.seeds[: self.ablation_seeds])
-        extra = tuple(s for s in self.headline_seeds if s not in own) if variant in self.headline else ()
-        return own + extra
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose from {list(PRECISIONS)}")
+
+    def base_rate(self, method: str) -> float | None:
+        """``method``'s rate at scale 1: ``rates``' entry, else the registry's ``Method.rate``."""
+        own = dict(self.rates)
+        return float(own[method]) if method in own else get_method(method).rate
+
+    def rate(self, method: str, scale: float | None) -> float | None:
+        """The language-model (or adapter) rate of ``method`` at ``scale`` (None: nothing trains)."""
+        if scale is None or not lr_field(method):
+            return None
+        return float(f"{self.base_rate(method) * scale:.4g}")
+
+    def seeds_for(self, group: str) -> tuple[int, ...]:
+        """The test seeds a variant of ``group`` runs on."""
+        return tuple(self.seeds) if group == "methods" else tuple(self.seeds[: self.ablation_seeds])
 
     def to_size(self):
         from lab.experiments.aware.context import SIZES
 
         base = SIZES[self.size]
         return replace(base, n_eval=self.n_eval, n_easy_eval=self.n_easy_eval, n_probe=self.n_probe,
-                       train=replace(base.train, steps=self.steps, batch_size=self.batch_size),
+                       train=replace(base.train, steps=self.steps, batch_size=self.batch_size,
+                                     precision=self.precision),
                        methods=self.methods, rules=self.rules, calib_sizes=self.calib_sizes,
                        n_calib=self.n_calib, seeds=self.seeds, continual_steps=self.continual_steps,
                        n_continual_eval=self.n_continual_eval, continual_calib=self.continual_calib,
@@ -85,29 +117,27 @@ class StudyConfig:
 
 
 PRESETS = {
-    # more seeds for the headline pair: with 5, R's 95 % interval for full fine-tuning and AWARe was
-    # +-6.6 to +-7.2 points (easy-VQA retention varies from seed to seed far more than from question to
-    # question); 1/sqrt(n) said about 10 seeds for +-5. With 10, full fine-tuning's R was still +-6.1
-    # (AWARe's +-4.6), so 16: 6.1 * sqrt(10/16) = 4.8
-    "shipped": StudyConfig(headline_seeds=tuple(range(5, 16))),
-    "smoke": StudyConfig(size="smoke", tiny=True, seeds=(0, 1), ablation_seeds=2, steps=2, batch_size=4, n_eval=16,
-                         n_easy_eval=16, n_probe=16, n_val=8,
-                         grids=(("full", (1e-5, 1e-3)), ("lora", (1e-4, 1e-3)), ("dora", (1e-4, 1e-3)),
-                                ("aware", (1e-4, 1e-3))), max_extensions=0,
-                         rhos=(0.0, 0.5), targets=("qkv",), calib_sizes=(4,), n_calib=8, continual_steps=1,
-                         n_continual_eval=8, continual_calib=8, replicates=200),
+    # 5 scales x 5 test seeds for each method's front; every ablation variant's 3 best scales (of the 5,
+    # on tuning seed 100) on 3 test seeds. The scales span the front: at 1/27 the projector moves at
+    # 3.7e-5 (the task is barely learned), at 3 full fine-tuning's language model at 3e-5 (the old
+    # study's grid: 2e-5 with the projector at 1e-3 already forgot easy-VQA to near zero).
+    "shipped": StudyConfig(),
+    "smoke": StudyConfig(size="smoke", tiny=True, seeds=(0, 1), ablation_seeds=2, tune_seeds=(100,),
+                         scales=(0.1, 1.0), keep=1, steps=2, batch_size=4, n_eval=16, n_easy_eval=16, n_probe=16,
+                         n_val=8, rhos=(0.0, 0.5), targets=("qkv",), calib_sizes=(4,), n_calib=8,
+                         continual_steps=1, n_continual_eval=8, continual_calib=8),
 }
 NOTES = {
-    "shipped": ("Sized so that full fine-tuning learns the downstream task and clearly forgets: 64 steps x 16 "
-                "questions per run (1,024 training questions), every variant's rate chosen from a grid of at least "
-                "three on 150 + 150 validation questions (extended past an edge), 5 seeds for the methods group (16 "
-                "for full fine-tuning and AWARe, whose R needs them for a +-5-point interval) and 3 for every other, "
+    "shipped": ("Every method's learning-rate front: its base recipe (language model or adapter, and the projector "
+                "every method trains) scaled by 1/27, 1/9, 1/3, 1 and 3, each on test seeds 0-4; every ablation "
+                "variant's 3 best scales, chosen by validation H on tuning seed 100 (400 + 400 validation "
+                "questions), on test seeds 0-2. 64 steps x 16 questions per run (1,024 training questions), bf16; "
                 "400 downstream, 600 easy-VQA and 320 probe test questions."),
     "smoke": "A random tiny 2-layer model: checks the code path, its numbers mean nothing.",
 }
 # What a preset may cost: the wall clock of this project's 2-core machine during which its runs
-# (tuning included) are going. The manifest states the study's against it (the shipped one: 8 hours).
-BUDGETS = {"shipped": 8 * 3600.0}
+# (tuning included) are going. The manifest states the study's against it (the shipped one: 12 hours).
+BUDGETS = {"shipped": 12 * 3600.0}
 
 
 # ---------------------------------------------------------------- variants
@@ -140,12 +170,15 @@ def variant_id(v: Variant) -> str:
 # ---------------------------------------------------------------- runs
 @dataclass(frozen=True)
 class Job:
-    """One fine-tuning run: a variant at one learning rate and seed, answering ``sets``."""
+    """One fine-tuning run: a variant at one scale of its base recipe and one seed, answering
+    ``sets`` (``("val",)`` on a tuning seed, ``("test",)`` on a test seed). ``scale`` None: nothing
+    trains (zero-shot)."""
 
     variant: Variant
-    lr: float | None
+    scale: float | None
     seed: int
-    sets: tuple[str, ...] = ("val", "test")
+    sets: tuple[str, ...] = ("test",)
+    precision: str | None = None     # None: the study's; "fp32": the precision check's float32 twin
 
 
 @dataclass(frozen=True)
@@ -155,7 +188,7 @@ class ContinualJob:
     label: str
     method: str
     replay: bool
-    lr: float | None
+    scale: float | None
     seed: int
 
 
@@ -169,31 +202,39 @@ def _hash(obj) -> str:
 
 def data_fingerprint(cfg: StudyConfig, device: str) -> str:
     """What every run of a study shares and what changes its numbers apart from the job itself: the
-    data (alignment, training pool, every evaluation set and its size), the model, the device."""
+    data (alignment, training pool, every evaluation set and its size), the model, the device, the
+    precision the base model is scored in."""
     from lab.experiments.aware.tasks import PROBE_FILE
 
     s = cfg.to_size()
     data = {"tiny": cfg.tiny, "task": cfg.task, "device": device, "n_align": s.n_align, "align": asdict(s.align),
             "n_train": s.n_train, "grid": s.grid, "n_eval": s.n_eval, "n_easy_eval": s.n_easy_eval,
             "n_probe": s.n_probe, "n_val": cfg.n_val, "n_calib": s.n_calib, "eval_batch": s.eval_batch,
-            "probe": hashlib.sha256(PROBE_FILE.read_bytes()).hexdigest()}
+            "precision": cfg.precision, "probe": hashlib.sha256(PROBE_FILE.read_bytes()).hexdigest()}
     return _hash({"v": STUDY_VERSION, "data": data})
 
 
-def train_config(cfg: StudyConfig, method: str, lr: float | None, seed: int, steps: int | None = None):
-    """The training recipe of one run: the study's steps and batch, ``method``'s rate set to ``lr``."""
+def train_config(cfg: StudyConfig, method: str, scale: float | None, seed: int, steps: int | None = None,
+                 precision: str | None = None):
+    """The training recipe of one run: the study's steps, batch and precision (or ``precision``);
+    ``method``'s rate and the projector's, both at ``scale`` times their base."""
     base = cfg.to_size().train
+    if precision is not None:
+        base = replace(base, precision=precision)
     field = lr_field(method)
-    over = {field: lr} if lr is not None and field else {}
+    over = {field: cfg.rate(method, scale), "lr_projector": float(f"{cfg.projector_rate * scale:.4g}")} \
+        if scale is not None and field else {}
     return replace(base, seed=int(seed), **({"steps": steps} if steps is not None else {}), **over)
 
 
 def job_key(fp: str, job: Job, cfg: StudyConfig) -> str:
     """A file-name-safe key: the variant's name (for people) and a hash of everything that changes it."""
     v = job.variant
-    seed = job.seed if lr_field(v.spec.method) else 0    # nothing trains: one run for every seed
+    trains = bool(lr_field(v.spec.method))
+    seed = job.seed if trains else 0    # nothing trains: one run for every seed
     payload = {"fp": fp, "spec": asdict(v.spec), "calib": v.calib, "calib_n": v.calib_n or cfg.n_calib,
-               "train": asdict(train_config(cfg, v.spec.method, job.lr, seed)), "sets": sorted(job.sets)}
+               "train": asdict(train_config(cfg, v.spec.method, job.scale, seed, precision=job.precision)),
+               "sets": sorted(job.sets) if trains else ["test", "val"]}
     slug = "".join(c if c.isalnum() or c in "=.+-" else "_" for c in f"{v.spec.method}-{v.label}")
     return f"{slug}-{_hash(payload)}"
 
@@ -202,17 +243,33 @@ def continual_key(fp: str, job: ContinualJob, cfg: StudyConfig) -> str:
     from lab.experiments.aware.continual import ORDER
 
     payload = {"fp": fp, "continual": asdict(job), "order": ORDER, "main": MAIN.to_dict(),
-               "train": asdict(train_config(cfg, job.method, job.lr, job.seed, steps=cfg.continual_steps)),
+               "train": asdict(train_config(cfg, job.method, job.scale, job.seed, steps=cfg.continual_steps)),
                "n_eval": cfg.n_continual_eval, "calib": cfg.continual_calib}
     return f"continual-{job.method}{'-replay' if job.replay else ''}-s{job.seed}-{_hash(payload)}"
 
 
-# The order the study runs in, each phase tuned then tested before the next starts: the methods group
-# first (the headline), then what each of the paper's four findings needs (the rule group; rho = 0.3's
-# neighbours; the MLP target; proxy calibration), then everything else. A phase names groups or variant
-# ids; None: every variant. An interrupted study therefore has its findings soonest.
-PHASES = (("methods",), ("rule",),
-          ("rho/rho=0.1", "rho/rho=0.5", "targets/qkv+projector+mlp", "calibration/proxy"), None)
+def trains(v: Variant) -> bool:
+    return bool(lr_field(v.spec.method))
+
+
+def plan_fronts(cfg: StudyConfig) -> list[Job]:
+    """The methods group's fronts: every scale on every test seed, seed by seed (an interrupted study
+    has whole fronts of its first seeds); zero-shot once."""
+    vs = [v for v in variants(cfg) if v.group == "methods"]
+    out = [Job(v, None, cfg.seeds[0], ("test", "val")) for v in vs if not trains(v)]
+    return out + [Job(v, sc, seed, ("test",)) for seed in cfg.seeds for v in vs if trains(v) for sc in cfg.scales]
+
+
+def plan_precision(cfg: StudyConfig) -> list[Job]:
+    """The float32 twins of some front runs (``precision_check``): bf16 must not move the front."""
+    vs = {v.spec.method: v for v in variants(cfg) if v.group == "methods" and v.label == v.spec.method}
+    return [Job(vs[m], sc, seed, ("test",), precision="fp32") for seed in cfg.seeds[: cfg.ablation_seeds]
+            for m, scales in cfg.precision_check if m in vs for sc in scales]
+
+
+# The ablation phases, each tuned then tested before the next: what each of the paper's four findings
+# needs first (the rule group; rho = 0.3's neighbours; the MLP target; proxy calibration), then the rest.
+PHASES = (("rule",), ("rho/rho=0.1", "rho/rho=0.5", "targets/qkv+projector+mlp", "calibration/proxy"), None)
 
 
 def in_phase(v: Variant, phase: tuple[str, ...] | None) -> bool:
@@ -220,31 +277,24 @@ def in_phase(v: Variant, phase: tuple[str, ...] | None) -> bool:
     return phase is None or v.group in phase or variant_id(v) in phase
 
 
-def plan_tuning(cfg: StudyConfig, extra: dict | None = None, groups: tuple[str, ...] | None = None) -> list[Job]:
-    """Every variant that trains (of ``groups``: a phase, see :func:`in_phase`) at every rate of its
-    grid (plus ``extra[variant id]`` rates past an edge) on the tuning seed; full fine-tuning first
-    and in every phase (every other choice is relative to it)."""
-    extra = extra or {}
-    ref = lambda v: get_method(v.spec.method).role == "reference"   # noqa: E731  (every phase's E needs it)
-    vs = [v for v in variants(cfg) if lr_field(v.spec.method) and (in_phase(v, groups) or ref(v))]
-    vs.sort(key=lambda v: get_method(v.spec.method).role != "reference")
-    return [Job(v, lr, cfg.tune_seed, ("val", "test"))
-            for v in vs for lr in sorted({*cfg.grid(v.spec.method), *extra.get(variant_id(v), ())})]
+def plan_tuning(cfg: StudyConfig, groups: tuple[str, ...] | None = None, *, methods: bool = True) -> list[Job]:
+    """Validation runs on the tuning seeds: every trained variant (of ``groups``, see :func:`in_phase`)
+    at every scale; with ``methods``, the methods group too (full fine-tuning's best validation
+    downstream accuracy is every validation E's denominator; each method's operating point)."""
+    vs = [v for v in variants(cfg) if trains(v) and (in_phase(v, groups) and v.group != "methods"
+                                                     or (methods and v.group == "methods"))]
+    return [Job(v, sc, seed, ("val",)) for seed in cfg.tune_seeds for v in vs for sc in cfg.scales]
 
 
-def plan_tests(cfg: StudyConfig, chosen: dict, groups: tuple[str, ...] | None = None) -> list[Job]:
-    """Every variant (of ``groups``: a phase, see :func:`in_phase`) at its chosen rate on each of its
-    group's seeds; the tuning seed's run is the tuning run itself (same key)."""
+def plan_tests(cfg: StudyConfig, kept: dict, groups: tuple[str, ...] | None = None) -> list[Job]:
+    """Every ablation variant (of ``groups``) at its kept scales (``kept[variant id]``, chosen on the
+    tuning seeds) on each of its test seeds. Variants whose runs are the methods group's (the same
+    spec: ``rho/rho=0`` is ``methods/rho=0``) reuse those by key."""
     out = []
     for v in variants(cfg):
-        if not in_phase(v, groups):
+        if v.group == "methods" or not in_phase(v, groups) or variant_id(v) not in kept:
             continue
-        lr = chosen.get(variant_id(v))
-        if lr_field(v.spec.method) and lr is None:
-            continue
-        for seed in cfg.seeds_for(v.group, variant_id(v)):
-            sets = ("val", "test") if seed == cfg.tune_seed and lr is not None else ("test",)
-            out.append(Job(v, lr, seed, sets))
+        out += [Job(v, sc, seed, ("test",)) for seed in cfg.seeds_for(v.group) for sc in kept[variant_id(v)]]
     return out
 
 
@@ -252,7 +302,9 @@ CONTINUAL = (("full", "full", False), ("aware (paper: upstream saliency)", "awar
              ("aware + replay saliency (extension)", "aware", True))
 
 
-def plan_continual(cfg: StudyConfig, chosen: dict) -> list[ContinualJob]:
-    lrs = {"full": chosen.get("methods/full"), "aware": chosen.get("methods/aware")}
-    return [ContinualJob(label, method, replay, lrs[method], seed)
+def plan_continual(cfg: StudyConfig, points: dict) -> list[ContinualJob]:
+    """The continual sequences at each method's operating point (``points[variant id]``: a scale
+    chosen on the tuning seeds) on the ablation test seeds."""
+    sc = {"full": points.get("methods/full"), "aware": points.get("methods/aware")}
+    return [ContinualJob(label, method, replay, sc[method], seed)
             for seed in cfg.seeds[: cfg.ablation_seeds] for label, method, replay in CONTINUAL] if cfg.continual else []

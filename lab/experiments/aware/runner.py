@@ -19,7 +19,8 @@ from typing import Mapping
 import numpy as np
 
 from lab.experiments.aware.plan import (ContinualJob, Job, StudyConfig, continual_key, data_fingerprint, job_key,
-                                        plan_continual, plan_tests, plan_tuning, train_config, variant_id, variants)
+                                        plan_continual, plan_fronts, plan_precision, plan_tests, plan_tuning, train_config,
+                                        variant_id, variants)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,11 @@ def build_env(cfg: StudyConfig, *, cache_dir=None, device: str | None = None, pr
         if set(base) != set(sets) or any(len(base[k]) != len(qa) for k, qa in sets.items()):
             base = None
     if base is None:
-        base = {k: [int(x) for x in evaluate(ctx.base, qa, ctx.enc, batch_size=b)["correct"]] for k, qa in sets.items()}
+        from lab.experiments.aware.finetune import for_scoring
+
+        scored = for_scoring(ctx.base, cfg.precision)
+        base = {k: [int(x) for x in evaluate(scored, qa, ctx.enc, batch_size=b)["correct"]] for k, qa in sets.items()}
+        del scored
         if base_file is not None:
             from lab._io import write_json
 
@@ -130,17 +135,19 @@ def run_job(job: Job, env: Env) -> dict:
     """Train one job's variant from a fresh copy of the base (:func:`~lab.experiments.aware.finetune.fit`)
     and answer its question sets."""
     from lab.aware.methods import lr_field
-    from lab.experiments.aware.finetune import evaluate, fit
+    from lab.experiments.aware.finetune import evaluate, fit, for_scoring
 
     ctx, v, cfg = env.ctx, job.variant, env.cfg
     method = v.spec.method
     t0 = time.perf_counter()
-    rec = {"variant": variant_id(v), "method": method, "lr": job.lr, "seed": job.seed}
+    rec = {"variant": variant_id(v), "method": method, "scale": job.scale, "seed": job.seed,
+           "precision": job.precision or cfg.precision}
     if not lr_field(method):   # nothing trains: the base model's answers
-        answers = {k: list(a) for k, a in env.base_answers.items() if not k.startswith("val:") or "val" in job.sets}
-        return {**rec, "answers": answers, "trainable": 0, "total": 0, "lora_rank": 0, "steps": 0, "losses": [],
-                "final_loss": float("nan"), "diverged": False, "train_s": 0.0, **_stamp(env, t0)}
-    tc = train_config(cfg, method, job.lr, job.seed)
+        answers = {k: list(a) for k, a in env.base_answers.items()}
+        return {**rec, "lr": None, "lr_projector": None, "answers": answers, "trainable": 0, "total": 0,
+                "lora_rank": 0, "steps": 0, "losses": [], "final_loss": float("nan"), "diverged": False,
+                "train_s": 0.0, **_stamp(env, t0)}
+    tc = train_config(cfg, method, job.scale, job.seed, precision=job.precision)
     model, info, log, _ = fit(ctx.base, v.spec, tc, ctx.down[cfg.task].train, ctx.enc,
                               saliency=env.saliency.get(v.calib_key(ctx.size)))
     train_s = time.perf_counter() - t0
@@ -148,24 +155,29 @@ def run_job(job: Job, env: Env) -> dict:
     diverged = not all(math.isfinite(x) for x in losses)
     b = ctx.size.eval_batch
     sets = {k: qa for k, qa in _sets(ctx, env.val, cfg.task).items() if ("val" if k.startswith("val:") else "test") in job.sets}
-    answers = {k: [int(x) for x in evaluate(model, qa, ctx.enc, batch_size=b)["correct"]] for k, qa in sets.items()}
-    return {**rec, "answers": answers, "trainable": int(info["trainable"]), "total": int(info["total"]),
+    scored = for_scoring(model, tc.precision)
+    del model
+    answers = {k: [int(x) for x in evaluate(scored, qa, ctx.enc, batch_size=b)["correct"]] for k, qa in sets.items()}
+    return {**rec, "lr": getattr(tc, lr_field(method)), "lr_projector": tc.lr_projector, "answers": answers,
+            "trainable": int(info["trainable"]), "total": int(info["total"]),
             "lora_rank": int(info.get("lora_rank", 0)), "steps": len(losses), "losses": losses,
             "final_loss": float(np.mean(losses[-4:])) if losses else float("nan"), "diverged": diverged,
-            "train_s": train_s, **_stamp(env, t0)}
+            "train_s": train_s, "score_s": time.perf_counter() - t0 - train_s, **_stamp(env, t0)}
 
 
 def run_continual_job(job: ContinualJob, env: Env) -> dict:
     from dataclasses import replace
 
+    from lab.aware.methods import lr_field
     from lab.experiments.aware.continual import ORDER, run_sequence
     from lab.experiments.aware.plan import MAIN
 
     t0 = time.perf_counter()
-    tc = train_config(env.cfg, job.method, job.lr, job.seed)
+    tc = train_config(env.cfg, job.method, job.scale, job.seed)
     ctx = replace(env.ctx, size=replace(env.ctx.size, train=tc))
     rows = run_sequence(ctx, job.method, job.seed, order=ORDER, aware=MAIN, replay=job.replay, progress=False)
-    return {"label": job.label, "method": job.method, "replay": job.replay, "lr": job.lr, "seed": job.seed,
+    return {"label": job.label, "method": job.method, "replay": job.replay, "scale": job.scale,
+            "lr": getattr(tc, lr_field(job.method)), "lr_projector": tc.lr_projector, "seed": job.seed,
             "rows": rows, **_stamp(env, t0)}
 
 
@@ -196,157 +208,148 @@ def _acc(a) -> float:
     return float(np.mean(a)) if len(a) else float("nan")
 
 
-def choose_rates(env: Env, records: list[dict]) -> tuple[dict, list[dict]]:
-    """``({variant id: lr}, candidate rows)``: full fine-tuning by validation downstream accuracy,
-    every other variant by validation H (E against full's choice); ties to the smaller rate; a
-    diverged run never chosen."""
+def choose(env: Env, records: list[dict], keep: int) -> tuple[dict, dict, list[dict]]:
+    """From tuning records (validation answers on the tuning seeds): ``(points, kept, rows)``.
+    ``points[variant id]``: the best scale (full fine-tuning by mean validation downstream accuracy,
+    every other variant by mean validation H, E against full's best; ties to the smaller scale; a
+    diverged run scores -1); ``kept[variant id]``: its ``keep`` best scales in that order; ``rows``:
+    one row per variant and scale, averaged over the tuning seeds."""
+    import pandas as pd
+
     from lab.aware import metrics as M
     from lab.aware.methods import get_method
 
     before = _acc(env.base_answers["val:easy_vqa"])
-    rows = [{"variant": r["variant"], "method": r["method"], "lr": r["lr"], "seed": r["seed"],
-             "diverged": bool(r.get("diverged")), "val_downstream": _acc(r["answers"]["val:down"]),
-             "val_R": M.retention(before, _acc(r["answers"]["val:easy_vqa"]))} for r in records]
-    score = lambda r, k: -1.0 if r["diverged"] else float(np.nan_to_num(r[k], nan=-1.0))  # noqa: E731
-    pick = lambda rs, k: max(rs, key=lambda r: (score(r, k), -r["lr"]))  # noqa: E731
-    full_rows = [r for r in rows if get_method(r["method"]).role == "reference"]
-    if not full_rows:
+    per = pd.DataFrame([{"variant": r["variant"], "method": r["method"], "scale": r["scale"], "lr": r["lr"],
+                         "seed": r["seed"], "diverged": bool(r.get("diverged")),
+                         "val_downstream": -1.0 if r.get("diverged") else _acc(r["answers"]["val:down"]),
+                         "val_R": -1.0 if r.get("diverged") else M.retention(before, _acc(r["answers"]["val:easy_vqa"]))}
+                        for r in records])
+    if per.empty:
+        return {}, {}, []
+    rows = (per.groupby(["variant", "method", "scale", "lr"], as_index=False)
+               .agg(seeds=("seed", "nunique"), diverged=("diverged", "any"), val_downstream=("val_downstream", "mean"),
+                    val_R=("val_R", "mean")))
+    ref = rows[rows.method.map(lambda m: get_method(m).role == "reference")]
+    if ref.empty:
         raise ValueError("tuning needs full fine-tuning: E of every other variant is relative to it")
-    full_best = pick(full_rows, "val_downstream")
-    for r in rows:
-        r["val_E"] = M.efficiency(r["val_downstream"], full_best["val_downstream"])
-        r["val_H"] = M.h_score(r["val_R"], r["val_E"])
-    chosen = {}
-    for vid in dict.fromkeys(r["variant"] for r in rows):
-        mine = [r for r in rows if r["variant"] == vid]
-        ref = get_method(mine[0]["method"]).role == "reference"
-        chosen[vid] = pick(mine, "val_downstream" if ref else "val_H")["lr"]
-    for r in rows:
-        lrs = sorted(x["lr"] for x in rows if x["variant"] == r["variant"])
-        r["chosen"] = chosen[r["variant"]] == r["lr"]
-        r["edge"] = r["chosen"] and len(lrs) > 1 and r["lr"] in (lrs[0], lrs[-1])
-    return chosen, rows
-
-
-def _beyond(lrs: list[float], chosen: float) -> float | None:
-    """The next rate past the edge ``chosen`` sits at (the grid's own ratio), or None if interior."""
-    lrs = sorted(lrs)
-    if len(lrs) < 2 or chosen not in (lrs[0], lrs[-1]):
-        return None
-    if chosen == lrs[-1]:
-        return float(f"{lrs[-1] * lrs[-1] / lrs[-2]:.3g}")
-    return float(f"{lrs[0] * lrs[0] / lrs[1]:.3g}")
-
-
-def _extensions(chosen: dict, rows: list[dict], extra: dict, most: int) -> dict:
-    """``{variant id: rates past the edge}`` for every choice at the edge of what it tried, up to
-    ``most`` added rates per variant (empty: every choice is interior or at its limit)."""
-    grow = {}
-    for vid, lr in chosen.items():
-        nxt = _beyond([r["lr"] for r in rows if r["variant"] == vid], lr)
-        if nxt is not None and len(extra.get(vid, ())) < most:
-            grow[vid] = (*extra.get(vid, ()), nxt)
-    return grow
-
-
-def tune(env: Env, out: Path, *, log=print, groups=None, **kw) -> tuple[dict, list[dict], list[dict]]:
-    """Tuning runs (of ``groups``; None: all), extended past every edge choice up to
-    ``cfg.max_extensions`` times per variant: ``(chosen, candidate rows, tuning records)``."""
-    cfg, extra = env.cfg, {}
-    while True:
-        recs = execute(env, plan_tuning(cfg, extra, groups), out, log=log, **kw)
-        chosen, rows = choose_rates(env, recs)
-        grow = _extensions(chosen, rows, extra, cfg.max_extensions)
-        if not grow:
-            return chosen, rows, recs
-        if log:
-            log("grid extended past an edge choice: " + ", ".join(f"{k} +{v[-1]:.1e}" for k, v in grow.items()))
-        extra.update(grow)
+    best_down = float(ref.val_downstream.max())
+    rows["val_E"] = [M.efficiency(d, best_down) for d in rows.val_downstream]
+    rows["val_H"] = [M.h_score(r, e) if r > 0 and e > 0 else 0.0 for r, e in zip(rows.val_R, rows.val_E)]
+    points, kept = {}, {}
+    rows["rank"] = 0
+    for vid, g in rows.groupby("variant", sort=False):
+        key = "val_downstream" if get_method(g.method.iloc[0]).role == "reference" else "val_H"
+        order = sorted(g.index, key=lambda i: (-float(np.nan_to_num(rows.at[i, key], nan=-1.0)), rows.at[i, "scale"]))
+        for rank, i in enumerate(order, 1):
+            rows.at[i, "rank"] = rank
+        points[vid] = float(rows.at[order[0], "scale"])
+        kept[vid] = tuple(sorted(float(rows.at[i, "scale"]) for i in order[:keep]))
+    rows["kept"] = rows["rank"] <= keep
+    rows["chosen"] = rows["rank"] == 1
+    return points, kept, rows.to_dict("records")
 
 
 def run_all(env: Env, out: Path, *, log=print, **kw) -> dict:
-    """Tune, test every seed, run the continual sequences: every record, by phase."""
+    """The whole study, in the order its results matter: the methods group's fronts on the test
+    seeds; the tuning runs of the methods and the first ablation phase; each ablation phase's tests
+    (tuned before it); the continual sequences at the methods' operating points."""
     from lab.experiments.aware.plan import PHASES
 
-    t_tune = t_test = 0.0
-    for groups in PHASES:     # the headline first, then each finding's variants (plan.PHASES)
-        t0 = time.perf_counter()
-        chosen, tuning_rows, tune_recs = tune(env, out, log=log, groups=groups, **kw)
-        t_tune += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        test_recs = execute(env, plan_tests(env.cfg, chosen, groups), out, log=log, **kw)
-        t_test += time.perf_counter() - t0
+    cfg, t = env.cfg, {}
     t0 = time.perf_counter()
-    cont = execute(env, plan_continual(env.cfg, chosen), out, log=log, **kw)
-    return {"chosen": chosen, "tuning_rows": tuning_rows, "tune": tune_recs, "test": test_recs, "continual": cont,
-            "complete": True,
-            "timings": {"tuning_s": t_tune, "tests_s": t_test, "continual_s": time.perf_counter() - t0}}
+    fronts = execute(env, plan_fronts(cfg), out, log=log, **kw)
+    t["fronts_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    precision = execute(env, plan_precision(cfg), out, log=log, **kw)
+    t["precision_s"] = time.perf_counter() - t0
+    tune_recs, test_recs, t["tuning_s"], t["tests_s"] = [], [], 0.0, 0.0
+    for i, groups in enumerate(PHASES):
+        t0 = time.perf_counter()
+        tune_recs += execute(env, plan_tuning(cfg, groups, methods=i == 0), out, log=log, **kw)
+        points, kept, rows = choose(env, _unique(tune_recs), cfg.keep)
+        t["tuning_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        test_recs += execute(env, plan_tests(cfg, kept, groups), out, log=log, **kw)
+        t["tests_s"] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    cont = execute(env, plan_continual(cfg, points), out, log=log, **kw)
+    t["continual_s"] = time.perf_counter() - t0
+    return {"fronts": fronts, "precision": precision, "tune": _unique(tune_recs), "test": _unique(fronts + test_recs),
+            "continual": cont,
+            "points": points, "kept": kept, "tuning_rows": rows, "complete": True, "timings": t}
+
+
+def _unique(recs: list[dict]) -> list[dict]:
+    """Records once per (key, variant): a run shared by two variants (``rho/rho=0`` is ``methods/rho=0``)
+    stays under each name."""
+    seen, out = set(), []
+    for r in recs:
+        k = (r["key"], r.get("variant"))
+        if k not in seen:
+            seen.add(k)
+            out.append(r)
+    return out
 
 
 def collect(env: Env, out: Path) -> dict:
-    """The records of the finished runs in ``out/runs``, by phase, without running anything. A
-    variant's rate is chosen only once its whole grid (with the extensions the runs call for) is
-    there, and only its test runs at that rate are read; ``complete`` says whether the whole plan
-    was found."""
+    """The records of the finished runs in ``out/runs``, without running anything: the fronts found,
+    the tuning runs found, each ablation variant's tests once its tuning is whole, the continual
+    sequences once the operating points are known; ``complete`` says whether the whole plan was
+    found, ``missing`` counts what is not."""
     from lab._io import read_json
     from lab.experiments.aware import plan as P
 
     runs_dir = Path(out) / "runs"
+    cfg = env.cfg
 
     def found(jobs, key):
-        recs = []
+        recs, miss = [], 0
         for j in jobs:
-            f = runs_dir / f"{key(env.fingerprint, j, env.cfg)}.json"
+            f = runs_dir / f"{key(env.fingerprint, j, cfg)}.json"
             if f.is_file():
                 recs.append({**read_json(f), "key": f.stem, **({"variant": variant_id(j.variant), "seed": j.seed}
                                                                 if isinstance(j, Job) else {})})
-        return recs
+            else:
+                miss += 1
+        return recs, miss
 
-    cfg, extra = env.cfg, {}
-    empty = {"tune": [], "test": [], "continual": [], "chosen": {}, "tuning_rows": [], "complete": False}
-    for _ in range(cfg.max_extensions + 2):
-        jobs = P.plan_tuning(cfg, extra)
-        recs = found(jobs, P.job_key)
-        planned = {}
-        for j in jobs:
-            planned.setdefault(variant_id(j.variant), set()).add(j.lr)
-        have = {}
-        for r in recs:
-            have.setdefault(r["variant"], set()).add(r["lr"])
-        done = {v for v, lrs in planned.items() if have.get(v, set()) >= lrs}
-        if "methods/full" not in done:   # nothing can be chosen yet: the candidates so far, for display
-            shown = choose_rates(env, recs)[1] if any(r["variant"] == "methods/full" for r in recs) else []
-            for r in shown:
-                r["chosen"] = r["edge"] = False
-            return {**empty, "tune": recs, "tuning_rows": shown}
-        mine = [r for r in recs if r["variant"] in done]
-        chosen, rows = choose_rates(env, mine)
-        grow = _extensions(chosen, rows, extra, cfg.max_extensions)
-        if not grow:
-            break
-        for k, v in grow.items():
-            extra[k] = v
-    tests = [j for j in P.plan_tests(cfg, chosen) if variant_id(j.variant) in chosen or j.lr is None]
-    test_recs = found(tests, P.job_key)
-    conts = P.plan_continual(cfg, chosen) if {"methods/full", "methods/aware"} <= set(chosen) else []
-    cont_recs = found(conts, P.continual_key)
-    complete = (len(done) == len(planned) and len(test_recs) == len(P.plan_tests(cfg, chosen))
-                and len(cont_recs) == len(P.plan_continual(cfg, chosen)) and len(chosen) == len(planned))
-    return {"tune": recs, "test": test_recs, "continual": cont_recs, "chosen": chosen, "tuning_rows": rows,
-            "complete": complete}
+    fronts, m_fronts = found(P.plan_fronts(cfg), P.job_key)
+    precision, m_prec = found(P.plan_precision(cfg), P.job_key)
+    tune_jobs = P.plan_tuning(cfg)
+    tune, m_tune = found(tune_jobs, P.job_key)
+    have = {}
+    for r in tune:
+        have.setdefault(r["variant"], set()).add((r["scale"], r["seed"]))
+    want = {}
+    for j in tune_jobs:
+        want.setdefault(variant_id(j.variant), set()).add((j.scale, j.seed))
+    whole = [r for r in tune if have.get(r["variant"], set()) >= want[r["variant"]]]
+    points, kept, rows = choose(env, whole, cfg.keep) if any(
+        r["method"] == "full" for r in whole) else ({}, {}, [])
+    tests, m_tests = found(P.plan_tests(cfg, kept), P.job_key)
+    untested = sum(len(cfg.seeds_for(v.group)) * cfg.keep for v in P.variants(cfg)
+                   if v.group != "methods" and P.trains(v) and variant_id(v) not in kept)
+    conts, m_cont = found(P.plan_continual(cfg, points), P.continual_key) if {"methods/full", "methods/aware"} <= set(points) \
+        else ([], len(cfg.seeds[: cfg.ablation_seeds]) * len(P.CONTINUAL) * cfg.continual)
+    missing = {"fronts": m_fronts, "precision": m_prec, "tuning": m_tune, "tests": m_tests + untested, "continual": m_cont}
+    return {"fronts": fronts, "precision": precision, "tune": tune, "test": _unique(fronts + tests), "continual": conts,
+            "points": points,
+            "kept": kept, "tuning_rows": rows, "missing": missing, "complete": not any(missing.values())}
 
 
-def check(env: Env, out: Path, key: str | None = None, *, log=print) -> dict:
+def check(env: Env, out: Path, key: str | None = None, *, steps: int | None = None, log=print) -> dict:
     """Re-run one finished run of the study (``key``: its file name in ``out/runs`` without ``.json``;
-    default: the first finished tuning run of full fine-tuning) and compare its answers with the
-    stored ones, question by question. On the machine and code that produced it the answers are the
-    same; ``same`` counts the questions that agree."""
+    default: the first finished front run of full fine-tuning) and compare it with the stored one.
+    Whole (``steps`` None): its answers, question by question; on the machine and code that produced
+    it they are the same. ``steps``: only the first ``steps`` training steps, compared with the
+    stored per-step losses (a prefix check in seconds, not minutes)."""
     from lab._io import read_json
     from lab.experiments.aware import plan as P
 
     runs_dir = Path(out) / "runs"
     res = collect(env, out)
-    jobs = P.plan_tuning(env.cfg) + P.plan_tests(env.cfg, res["chosen"])
+    jobs = P.plan_fronts(env.cfg) + P.plan_precision(env.cfg) + P.plan_tuning(env.cfg) + P.plan_tests(env.cfg, res["kept"])
     by_key = {P.job_key(env.fingerprint, j, env.cfg): j for j in jobs}
     done = [k for k in by_key if (runs_dir / f"{k}.json").is_file()]
     if key is None:
@@ -362,7 +365,8 @@ def check(env: Env, out: Path, key: str | None = None, *, log=print) -> dict:
     stored = read_json(runs_dir / f"{key}.json")
     job = by_key[key]
     if log:
-        log(f"re-running {key} ({variant_id(job.variant)}, lr {job.lr}, seed {job.seed}) ...")
+        log(f"re-running {key} ({variant_id(job.variant)}, scale {job.scale}, seed {job.seed}"
+            + (f", first {steps} steps" if steps else "") + ") ...")
     import re
 
     import torch
@@ -372,6 +376,8 @@ def check(env: Env, out: Path, key: str | None = None, *, log=print) -> dict:
     if threads:       # the stored run's intra-op threads: a matmul's sums are split (and rounded) by them
         torch.set_num_threads(int(threads.group(1)))
     try:
+        if steps:
+            return _check_prefix(env, job, stored, steps, key)
         live = run_job(job, env)
     finally:
         torch.set_num_threads(was)
@@ -383,3 +389,24 @@ def check(env: Env, out: Path, key: str | None = None, *, log=print) -> dict:
     same = all(r["same"] == r["questions"] for r in rows)
     return {"key": key, "rows": rows, "same": same, "stored_code": stored.get("code"), "code": env.code,
             "stored_machine": stored.get("machine"), "seconds": live["seconds"]}
+
+
+def _check_prefix(env: Env, job: Job, stored: dict, steps: int, key: str) -> dict:
+    """The first ``steps`` training steps of ``job`` against the stored run's per-step losses (the
+    schedule is the whole run's: only the loop stops early)."""
+    from lab.experiments.aware.finetune import fit, train
+
+    t0 = time.perf_counter()
+    tc = train_config(env.cfg, job.variant.spec.method, job.scale, job.seed, precision=job.precision)
+    ctx = env.ctx
+
+    def prefix(model, groups, qa, enc, cfg, **kw):
+        return train(model, groups, qa, enc, cfg, stop_after=steps, **kw)
+
+    _, _, log, _ = fit(ctx.base, job.variant.spec, tc, ctx.down[env.cfg.task].train, ctx.enc,
+                       saliency=env.saliency.get(job.variant.calib_key(ctx.size)), trainer=prefix)
+    live = [float(x) for x in log["losses"]]
+    ref = [float(x) for x in stored["losses"][:steps]]
+    rows = [{"step": i + 1, "stored loss": a, "live loss": b} for i, (a, b) in enumerate(zip(ref, live))]
+    return {"key": key, "rows": rows, "same": len(live) == len(ref) and live == ref, "stored_code": stored.get("code"),
+            "code": env.code, "stored_machine": stored.get("machine"), "seconds": time.perf_counter() - t0}

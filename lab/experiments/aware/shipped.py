@@ -18,28 +18,22 @@ from lab.experiments.aware.provenance import (NOT_COMPUTING, changed_sources, ma
 
 
 def status(env, out: Path) -> str:
-    """Which runs of the plan are finished in ``out/runs`` (the tuning phase, then what it decides)."""
-    from lab.experiments.aware import plan as P
-    from lab.experiments.aware.runner import choose_rates
+    """Which runs of the plan are finished in ``out/runs``: reads run files, trains and scores nothing."""
+    from lab.experiments.aware import runner
 
     runs_dir = Path(out) / "runs"
-    tune = P.plan_tuning(env.cfg)
-    done = [j for j in tune if (runs_dir / f"{P.job_key(env.fingerprint, j, env.cfg)}.json").exists()]
-    lines = [f"study {out}: data fingerprint {env.fingerprint}; {len(list(runs_dir.glob('*.json')))} run files",
-             f"tuning (base grids): {len(done)}/{len(tune)} finished"]
-    for j in tune:
-        k = P.job_key(env.fingerprint, j, env.cfg)
-        lines.append(f"  {'done' if (runs_dir / f'{k}.json').exists() else '....'} {P.variant_id(j.variant):<28} "
-                     f"lr {j.lr:.1e}")
-    if len(done) == len(tune):
-        from lab._io import read_json
-
-        recs = [{**read_json(runs_dir / f"{P.job_key(env.fingerprint, j, env.cfg)}.json"), "variant": P.variant_id(j.variant)}
-                for j in tune]
-        chosen, _ = choose_rates(env, recs)
-        tests = P.plan_tests(env.cfg, chosen)
-        n = sum((runs_dir / f"{P.job_key(env.fingerprint, j, env.cfg)}.json").exists() for j in tests)
-        lines.append(f"tests at the chosen rates (before any grid extension): {n}/{len(tests)} finished")
+    res = runner.collect(env, out)
+    n = {"fronts": len(res["fronts"]), "precision": len(res["precision"]), "tuning": len(res["tune"]),
+         "tests": len(res["test"]) - len(res["fronts"]), "continual": len(res["continual"])}
+    lines = [f"study {out}: data fingerprint {env.fingerprint}; {len(list(runs_dir.glob('*.json')))} run files"]
+    for part, done in n.items():
+        miss = res["missing"][part]
+        lines.append(f"  {part:<10} {done} finished, {miss} missing" + (" (tests wait for their variant's tuning)"
+                                                                         if part == "tests" and miss else ""))
+    if res["kept"]:
+        lines.append("  kept scales (tuning seeds): " + "; ".join(f"{k} {', '.join(f'{x:.3g}' for x in v)}"
+                                                              for k, v in res["kept"].items() if not k.startswith("methods/")))
+    lines.append("complete" if res["complete"] else "not complete: `lab aware study` runs what is missing")
     return "\n".join(lines)
 
 
@@ -48,14 +42,14 @@ def cost(cfg, res: dict, *, tables_only: bool, wall_s: float) -> tuple[dict, str
     The command's own wall time (``wall_s``: seconds when it only regenerates the tables) is told apart
     from the runs' (each distinct run once), set against the preset's budget (:data:`BUDGETS`), with
     whether anything was cut and how much one job's time varied from run to run."""
-    recs = [r for ph in ("tune", "test", "continual") for r in res.get(ph, [])]
+    recs = list({r.get("key"): r for ph in ("fronts", "precision", "tune", "test", "continual")
+                 for r in res.get(ph, [])}.values())
     acc = run_account(recs)
     preset = next((k for k, v in PRESETS.items() if v == cfg), None)
     budget = BUDGETS.get(preset)
-    tuned = {r.get("key") for r in res.get("tune", [])}
     spread = {}
-    for vid in cfg.headline:   # test-only runs of one variant at one rate: the same job, seed aside
-        sp = time_spread([r for r in res.get("test", []) if r.get("variant") == vid and r.get("key") not in tuned])
+    for vid in ("methods/full", "methods/aware"):   # runs of one variant at scale 1: the same job, seed aside
+        sp = time_spread([r for r in res.get("fronts", []) if r.get("variant") == vid and r.get("scale") == 1.0])
         if sp:
             spread[vid] = sp
     complete = bool(res.get("complete", True))
@@ -146,7 +140,9 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
         "machine": machine(), "sources": source_hashes(), "fingerprint": env.fingerprint,
         "intervals": __import__("lab.experiments.aware.intervals", fromlist=["KIND"]).KIND,
         "note": next((v for k, v in NOTES.items() if PRESETS.get(k) == cfg), "A custom configuration.") + " " + spent,
-        "chosen_lr": res.get("chosen", {}), "tables": listed,
+        "tuning_seeds": list(cfg.tune_seeds), "test_seeds": list(cfg.seeds),
+        "operating_points": res.get("points", {}), "kept_scales": {k: list(v) for k, v in res.get("kept", {}).items()},
+        "tables": listed,
         "sha256": _manifest.digests(out, listed),   # every table's sha256: load_study checks them
         "complete": bool(res.get("complete", True)),
     }
