@@ -589,11 +589,12 @@ def cmd_study(args) -> int:
     if res.get("status") is not None:
         print(res["status"])
         return 0
-    for name in ("comparisons", "continual_comparisons"):
-        if name in res and len(res[name]):
-            print(f"\n{name.replace('_', ' ')} (paired bootstrap, 95 % interval):")
-            for v in res[name].verdict:
-                print("  " + v)
+    f = res.get("findings")
+    if f is not None and len(f):
+        print("\nverdicts (R at matched downstream accuracy, paired by seed, 95 % t-interval):")
+        for r in f.to_dict("records"):
+            d = f"{r['diff']:+.1f} [{r['lo']:+.1f}, {r['hi']:+.1f}] pts, " if r["seeds"] else ""
+            print(f"  {r['finding']} ({r['b'].split('/')[-1]}): {d}{r['verdict']}")
     print(f"\nwall time {res['manifest']['wall_s']:.0f}s; tables and manifest.json in {res['out']}")
     tracking.log_aware_study(track, res, args.preset)
     return 0

@@ -264,7 +264,7 @@ def plan_precision(cfg: StudyConfig) -> list[Job]:
     """The float32 twins of some front runs (``precision_check``): bf16 must not move the front."""
     vs = {v.spec.method: v for v in variants(cfg) if v.group == "methods" and v.label == v.spec.method}
     return [Job(vs[m], sc, seed, ("test",), precision="fp32") for seed in cfg.seeds[: cfg.ablation_seeds]
-            for m, scales in cfg.precision_check if m in vs for sc in scales]
+            for m, scales in cfg.precision_check if m in vs for sc in scales if sc in cfg.scales]
 
 
 # The ablation phases, each tuned then tested before the next: what each of the paper's four findings

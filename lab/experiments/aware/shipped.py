@@ -138,7 +138,7 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
         "wall_s": wall_s, "timings": res.get("timings", {}),
         "compute_s": runs["run_s"], "runs": runs,     # every distinct run once (see cost)
         "machine": machine(), "sources": source_hashes(), "fingerprint": env.fingerprint,
-        "intervals": __import__("lab.experiments.aware.intervals", fromlist=["KIND"]).KIND,
+        "intervals": __import__("lab.stats", fromlist=["KIND"]).KIND,
         "note": next((v for k, v in NOTES.items() if PRESETS.get(k) == cfg), "A custom configuration.") + " " + spent,
         "tuning_seeds": list(cfg.tune_seeds), "test_seeds": list(cfg.seeds),
         "operating_points": res.get("points", {}), "kept_scales": {k: list(v) for k, v in res.get("kept", {}).items()},

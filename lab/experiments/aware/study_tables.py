@@ -1,345 +1,317 @@
 """The AWARe study's tables, computed from its runs (never written ahead of them).
 
-Every number carries a 95 % paired-bootstrap interval (:mod:`lab.experiments.aware.intervals`):
-the same question draw for every run, and each variant's own seeds resampled (a comparison of two
-variants uses the seeds both have). Before anything is compared, every variant is checked to have
-*learned* the downstream task: its downstream accuracy's lower bound above the floor
-``max(most common answer, zero-shot)``. E and H are reported only for variants that learned; a
-comparison or finding that needs a variant which did not learn says so instead of a verdict.
+One interval rule (:mod:`lab.stats`): a 95 % t-interval over per-seed values, differences paired by
+seed. The methods are compared along their learning-rate fronts (:mod:`.fronts`): upstream
+retention R at matched downstream accuracy, and downstream accuracy at matched R, read per seed at
+levels every seed of both reaches, so no single learning-rate choice decides a verdict. Every
+ablation variant's short front (its best scales on the tuning seeds) is compared the same way with
+main AWARe's front on the same test seeds. A point *learned* the task when its downstream
+accuracy's lower bound is above ``max(most common answer, zero-shot)``; the matched levels start
+well above that floor, so every compared point learned.
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
 
-from lab.experiments.aware import intervals as I
+from lab import stats
 from lab.aware.methods import table_columns
+from lab.experiments.aware import fronts as F
 
-SETS = ("down", "easy_vqa", "probe")
-EQUIVALENCE_H = 5.0   # H points: "almost as good" (the proxy finding) means the interval lies within +-5
-# (name, a, b, metrics): the headline paired differences a - b
-HEADLINE = (
-    ("AWARe vs full fine-tuning", "methods/aware", "methods/full", ("R", "R_easy_vqa", "R_probe", "downstream", "H")),
-    ("AWARe vs LoRA", "methods/aware", "methods/lora", ("R", "downstream", "H")),
-    ("AWARe vs DoRA", "methods/aware", "methods/dora", ("R", "downstream", "H")),
-    ("LoRA vs DoRA", "methods/lora", "methods/dora", ("R", "downstream", "H")),
-    ("AWARe vs nothing frozen (rho 0)", "methods/aware", "methods/rho=0", ("R", "downstream", "H")),
-    ("activation vs weight-norm", "methods/aware", "rule/weight-norm", ("R", "E", "H")),
-    ("activation vs random", "methods/aware", "rule/random", ("R", "E", "H")),
-    ("global vs balanced", "methods/aware", "rule/activation-balanced", ("R", "E", "H")),
-    ("rho 0.3 vs 0.1", "methods/aware", "rho/rho=0.1", ("R", "E", "H")),
-    ("rho 0.3 vs 0.5", "methods/aware", "rho/rho=0.5", ("R", "E", "H")),
-    ("q/k/v+projector vs +MLP", "methods/aware", "targets/qkv+projector+mlp", ("R", "E", "H")),
-    ("q/k/v+projector vs q/k/v", "methods/aware", "targets/qkv", ("R", "E", "H")),
-    ("upstream vs proxy calibration", "methods/aware", "calibration/proxy", ("R", "E", "H")),
+REFERENCE = "methods/aware"
+EQUIVALENCE_R = 5.0   # R points: "almost as good" (the proxy finding) means the interval lies within +-5
+# (name, a, b): the methods compared along their fronts on the methods' test seeds
+METHOD_PAIRS = (
+    ("AWARe vs full fine-tuning", "methods/aware", "methods/full"),
+    ("AWARe vs LoRA", "methods/aware", "methods/lora"),
+    ("AWARe vs DoRA", "methods/aware", "methods/dora"),
+    ("AWARe vs nothing frozen (rho 0)", "methods/aware", "methods/rho=0"),
+    ("LoRA vs DoRA", "methods/lora", "methods/dora"),
+    ("LoRA vs full fine-tuning", "methods/lora", "methods/full"),
 )
-# the paper's four findings: (finding, claim, [(a, b, metric)], kind)
+# the paper's four findings: (finding, claim, [(a, b)]): claim "higher" — a retains more than b at matched
+# downstream accuracy; "equivalent" — within +-EQUIVALENCE_R
 FINDINGS = (
     ("selection by activation beats weight norm and random", "higher",
-     [("methods/aware", "rule/weight-norm", "H"), ("methods/aware", "rule/random", "H")]),
+     [("methods/aware", "rule/weight-norm"), ("methods/aware", "rule/random")]),
     ("rho = 0.3 is the best trade-off (vs 0.1 and 0.5)", "higher",
-     [("methods/aware", "rho/rho=0.1", "H"), ("methods/aware", "rho/rho=0.5", "H")]),
-    ("q/k/v + projector beats adding the MLP blocks", "higher",
-     [("methods/aware", "targets/qkv+projector+mlp", "H")]),
+     [("methods/aware", "rho/rho=0.1"), ("methods/aware", "rho/rho=0.5")]),
+    ("q/k/v + projector beats adding the MLP blocks", "higher", [("methods/aware", "targets/qkv+projector+mlp")]),
     ("a generic (proxy) calibration set is almost as good as upstream data", "equivalent",
-     [("methods/aware", "calibration/proxy", "H")]),
+     [("methods/aware", "calibration/proxy")]),
 )
-
-
-def comparisons_of(variant_ids) -> tuple:
-    """:data:`HEADLINE`, then main AWARe against every rule the study adds beyond it (a plugin's,
-    ``lab aware study --add-rules``), on the same metrics as the built-in rules."""
-    named = {b for _, _, b, _ in HEADLINE}
-    extra = tuple((f"activation vs {v.split('/', 1)[1]}", "methods/aware", v, ("R", "E", "H"))
-                  for v in variant_ids if v.startswith("rule/") and v not in named)
-    return HEADLINE + extra
 
 
 def _acc(a) -> float:
-    return float(np.mean(a)) if len(a) else float("nan")
+    return float(np.mean(a)) if len(a) else math.nan
 
 
-def question_draws(sizes: Mapping[str, int], replicates: int, rng_seed: int = 0) -> dict:
-    """``{set: [B+1, n]}`` multinomial question weights (row 0: all ones), shared by every run."""
-    rng = np.random.default_rng(rng_seed)
-    out = {}
-    for name, n in sorted(sizes.items()):
-        w = rng.multinomial(n, np.full(n, 1.0 / n), size=replicates).astype(float)
-        out[name] = np.vstack([np.ones((1, n)), w])
-    return out
-
-
-def draws_for(seeds, qw: Mapping, rng_seed: int = 1) -> I.Draws:
-    """Seed weights for ``seeds`` (their own stream, so the question draw stays shared)."""
-    seeds = tuple(sorted(int(s) for s in seeds))
-    b = next(iter(qw.values())).shape[0] - 1
-    rng = np.random.default_rng([rng_seed, *seeds])
-    k = len(seeds)
-    sw = np.vstack([np.ones((1, k)), rng.multinomial(k, np.full(k, 1.0 / k), size=b).astype(float)])
-    return I.Draws(seeds, sw, qw)
-
-
-def per_seed_metrics(recs: list[dict], base: Mapping[str, list], qw: Mapping) -> dict:
-    """``{variant: {seed: {metric: [B+1]}}}``: accuracies, R per skill and their mean, E, H."""
-    d = I.Draws((0,), np.ones((1, 1)), qw)
-    acc = lambda st, c: I.accuracy(d, st, c)  # noqa: E731
-    b = {st: acc(st, base[st]) for st in SETS}
-    per: dict = {}
-    for r in recs:
-        a = {st: acc(st, r["answers"][st]) for st in SETS}
-        r_e, r_p = I.retention(b["easy_vqa"], a["easy_vqa"]), I.retention(b["probe"], a["probe"])
-        per.setdefault(r["variant"], {})[int(r["seed"])] = {
-            "downstream": a["down"], "up_easy_vqa": a["easy_vqa"], "up_probe": a["probe"],
-            "R_easy_vqa": r_e, "R_probe": r_p, "R": (r_e + r_p) / 2}
-    full = per.get("methods/full", {})
-    for v, seeds in per.items():
-        for s, m in seeds.items():
-            if s in full:
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    m["E"] = np.where(full[s]["downstream"] > 0, 100 * m["downstream"] / full[s]["downstream"], np.nan)
-            else:
-                m["E"] = np.full_like(m["downstream"], np.nan)
-            m["H"] = I.h_score(m["R"], m["E"])
-    return per
-
-
-def aggregate(per_v: Mapping[int, dict], seeds, qw) -> dict:
-    """``{metric: [B+1]}`` over ``seeds`` of one variant."""
-    d = draws_for(seeds, qw)
-    return {m: I.over_seeds(d, {s: per_v[s][m] for s in d.seeds}) for m in next(iter(per_v.values()))}
-
-
-def floors(base: Mapping[str, list], ctx, task: str) -> dict:
-    """The downstream floor a variant must beat: max(most common answer, zero-shot)."""
-    majority = ctx.down[task].test.majority_rate()
-    return {"majority": majority, "zero_shot": _acc(base["down"]), "floor": max(majority, _acc(base["down"]))}
+def floors(env) -> dict:
+    """The downstream floor a point must beat: max(most common answer, zero-shot)."""
+    majority = env.ctx.down[env.cfg.task].test.majority_rate()
+    zs = _acc(env.base_answers["down"])
+    return {"majority": majority, "zero_shot": zs, "floor": max(majority, zs)}
 
 
 def baselines_table(env):
-    """``set, reference, acc, n``: the most common answer (or chance) and zero-shot, per set."""
+    """``set, reference, acc, n``: most common answer, chance and zero-shot per set, and per easy-VQA kind."""
     import pandas as pd
 
     ctx, task = env.ctx, env.cfg.task
     qa = {"down": ctx.down[task].test, "easy_vqa": ctx.easy.test, "probe": ctx.probe.test}
+    names = {"down": f"downstream ({task})", "easy_vqa": "easy-VQA (all kinds)", "probe": "text probe"}
     rows = []
     for st, q in qa.items():
-        name = f"downstream:{task}" if st == "down" else st
-        rows.append({"set": name, "reference": "most common answer", "acc": q.majority_rate(), "n": len(q)})
-        rows.append({"set": name, "reference": f"chance ({len(q.options[0])} options)", "acc": q.chance_rate(), "n": len(q)})
-        rows.append({"set": name, "reference": "zero-shot", "acc": _acc(env.base_answers[st]), "n": len(q)})
+        rows.append({"set": names[st], "reference": "most common answer", "acc": q.majority_rate(), "n": len(q)})
+        rows.append({"set": names[st], "reference": f"chance ({len(q.options[0])} options)", "acc": q.chance_rate(),
+                     "n": len(q)})
+        rows.append({"set": names[st], "reference": "zero-shot", "acc": _acc(env.base_answers[st]), "n": len(q)})
+    kinds = F.easy_kinds(ctx.easy.test.answers)
+    base = np.asarray(env.base_answers["easy_vqa"])
+    for k in F.kind_floors(ctx.easy.test):
+        m = kinds == k["kind"]
+        name = f"easy-VQA: {k['kind']}"
+        rows.append({"set": name, "reference": "most common answer", "acc": k["most_common"], "n": k["n"]})
+        rows.append({"set": name, "reference": "chance (among its own answers)", "acc": k["chance"], "n": k["n"]})
+        rows.append({"set": name, "reference": "zero-shot", "acc": _acc(base[m]), "n": k["n"]})
     return pd.DataFrame(rows)
 
 
-def _verdict_words(a: str, b: str, s: Mapping, metric: str) -> str:
-    return I.metric_verdict(a.split("/")[-1], b.split("/")[-1], s, metric)
+def runs_table(env, records: list[dict]):
+    """One row per test run: its variant, rates, seed, precision and every metric (:func:`fronts.run_metrics`)."""
+    import pandas as pd
+
+    from lab.experiments.aware.plan import variant_id, variants
+
+    cfg = env.cfg
+    vinfo = {variant_id(v): v for v in variants(cfg)}
+    kinds = F.easy_kinds(env.ctx.easy.test.answers)
+    rows = []
+    for r in records:
+        if r["variant"] not in vinfo or "down" not in r["answers"]:
+            continue
+        v = vinfo[r["variant"]]
+        m = F.run_metrics(r["answers"], env.base_answers, kinds)
+        rows.append({"variant": r["variant"], "group": v.group, "label": v.label, "method": v.spec.method,
+                     **table_columns(v.spec, v.calib, v.calib_n or cfg.n_calib),
+                     "scale": r.get("scale"), "lr": r.get("lr"), "lr_projector": r.get("lr_projector"),
+                     "seed": int(r["seed"]), "precision": r.get("precision", cfg.precision), **m,
+                     "trainable_frac": r["trainable"] / r["total"] if r.get("total") else 0.0,
+                     "diverged": bool(r.get("diverged")), "final_loss": r.get("final_loss"),
+                     "train_s": r.get("train_s"), "seconds": r.get("seconds")})
+    return pd.DataFrame(rows)
+
+
+def fronts_table(runs, floor: float):
+    """Per variant and scale, over its test seeds: mean and 95 % t-interval of downstream accuracy, R,
+    R of the text probe and each easy-VQA kind's R; ``learned`` (downstream's lower bound above ``floor``)."""
+    import pandas as pd
+
+    rows = []
+    metrics = ["downstream", "R", "R_probe", "R_easy_vqa", *(f"R:{k}" for k in F.KINDS)]
+    for (vid, scale), g in runs.groupby(["variant", "scale"], dropna=False, sort=False):
+        row = {"variant": vid, "group": g.group.iloc[0], "label": g.label.iloc[0], "method": g.method.iloc[0],
+               "scale": scale, "lr": g.lr.iloc[0], "lr_projector": g.lr_projector.iloc[0], "seeds": g.seed.nunique(),
+               "trainable_frac": float(g.trainable_frac.mean()), "diverged": bool(g.diverged.any())}
+        for m in metrics:
+            if m in g:
+                row[m], row[f"{m}_lo"], row[f"{m}_hi"] = stats.t_interval(g[m])
+        row["learned"] = bool(row["downstream_lo"] > floor) and not row["diverged"] if g.seed.nunique() > 1 else False
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def seed_fronts(runs, vid: str, seeds=None) -> dict[int, list[tuple[float, float]]]:
+    """``{seed: [(downstream, R), ...]}`` of variant ``vid`` in learning-rate order."""
+    g = runs[runs.variant == vid].sort_values("scale")
+    out = {}
+    for s, gs in g.groupby("seed"):
+        if seeds is None or s in seeds:
+            out[int(s)] = list(zip(gs.downstream.astype(float), gs.R.astype(float)))
+    return out
+
+
+def compare_rows(runs, name: str, a: str, b: str, seeds) -> list[dict]:
+    """Both reads of ``a`` against ``b`` on ``seeds`` (see :func:`fronts.compare`), tidy rows."""
+    fa, fb = seed_fronts(runs, a, seeds), seed_fronts(runs, b, seeds)
+    shared = sorted(set(fa) & set(fb))
+    fa, fb = {s: fa[s] for s in shared}, {s: fb[s] for s in shared}
+    out = []
+    if not shared:
+        return out
+    for read, levels in (("retention", F.DOWN_LEVELS), ("downstream", F.R_LEVELS)):
+        rows = F.compare(fa, fb, levels=levels, read=read)
+        where = F.dominance(rows, a.split("/")[-1], b.split("/")[-1])
+        for r in rows:
+            out.append({"comparison": name, "a": a, "b": b, "read": read, **r, "dominance": where})
+        if not rows:
+            out.append({"comparison": name, "a": a, "b": b, "read": read, "level": None, "seeds": len(shared),
+                        "direction": "not comparable: no level reached on every seed by both", "dominance": where})
+    return out
+
+
+def finding_verdict(rows, claim: str) -> tuple[str, float, float, float, int]:
+    """A claim's verdict from the ``level=None`` (mean over shared levels) retention row of a comparison:
+    ``(verdict, diff, lo, hi, seeds)``."""
+    r = next((r for r in rows if r["read"] == "retention" and r["level"] is None and "diff" in r
+              and not _nan(r.get("diff"))), None)
+    if r is None:
+        return "not comparable (no shared downstream range)", math.nan, math.nan, math.nan, 0
+    lo, hi = r["lo"], r["hi"]
+    if claim == "equivalent":
+        if _nan(lo):
+            v = "not enough seeds"
+        elif -EQUIVALENCE_R <= lo and hi <= EQUIVALENCE_R:
+            v = "reproduced"
+        elif lo > EQUIVALENCE_R or hi < -EQUIVALENCE_R:
+            v = "contradicted"
+        else:
+            v = "no difference detected" if lo <= 0 <= hi else f"{stats.direction(lo, hi)}, within the +-{EQUIVALENCE_R:g} margin's reach"
+    else:
+        v = stats.verdict(lo, hi, expect=claim)
+    return v, r["diff"], lo, hi, r["seeds"]
+
+
+def _nan(x) -> bool:
+    try:
+        return x is None or math.isnan(float(x))
+    except (TypeError, ValueError):
+        return True
+
+
+def precision_table(env, precision_recs: list[dict], test_recs: list[dict], test_runs):
+    """bf16 minus float32, paired by seed, at the scales the precision check re-ran in float32, and
+    the fraction of questions both precisions answered alike."""
+    import pandas as pd
+
+    fp32 = runs_table(env, precision_recs)
+    rows = []
+    if fp32.empty:
+        return pd.DataFrame(rows)
+    for (vid, scale), g in fp32.groupby(["variant", "scale"]):
+        bf = test_runs[(test_runs.variant == vid) & np.isclose(test_runs.scale.astype(float), scale)]
+        seeds = sorted(set(g.seed) & set(bf.seed))
+        for m in ("downstream", "R", "R_probe"):
+            a = [float(bf[bf.seed == s][m].iloc[0]) for s in seeds]
+            b = [float(g[g.seed == s][m].iloc[0]) for s in seeds]
+            d, lo, hi = stats.paired(a, b)
+            rows.append({"variant": vid, "scale": scale, "metric": m, "seeds": len(seeds), "bf16": np.mean(a) if a else np.nan,
+                         "fp32": np.mean(b) if b else np.nan, "diff": d, "lo": lo, "hi": hi,
+                         "direction": stats.direction(lo, hi)})
+        for st in ("down", "easy_vqa", "probe"):
+            same = []
+            for s in seeds:
+                ra = next(r for r in precision_recs if r["variant"] == vid and r["seed"] == s and np.isclose(r["scale"], scale))
+                rb = next((r for r in test_recs if r["variant"] == vid and r["seed"] == s
+                           and r.get("scale") is not None and np.isclose(r["scale"], scale)), None)
+                if rb is not None:
+                    same.append(np.mean(np.asarray(ra["answers"][st]) == np.asarray(rb["answers"][st])))
+            rows.append({"variant": vid, "scale": scale, "metric": f"answered alike: {st}", "seeds": len(same),
+                         "bf16": np.nan, "fp32": np.nan, "diff": float(np.mean(same)) if same else np.nan,
+                         "lo": np.nan, "hi": np.nan, "direction": ""})
+    return pd.DataFrame(rows)
+
+
+def continual_tables(cont_recs: list[dict], env):
+    """Per protocol and seed: Avg, Last, BWT and R after the sequence (multimodal, over easy-VQA kinds);
+    per stage, whether the stage's task was learned (its accuracy's lower bound over seeds above the
+    task's most common answer and chance); paired differences between protocols."""
+    import pandas as pd
+
+    from lab.aware import metrics as M
+    from lab.experiments.aware.continual import ORDER
+
+    if not cont_recs:
+        return pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame()
+    kinds = F.easy_kinds(env.ctx.easy.test.answers)
+    base = env.base_answers
+    per = []
+    stage_rows = []
+    for rec in cont_recs:
+        rows = rec["rows"]
+        acc = [[next(r["acc"] for r in rows if r["stage"] == i and r["task"] == t) for t in ORDER[: i + 1]]
+               for i in range(len(ORDER))]
+        up = {r["task"].split(":", 1)[1]: r["correct"] for r in rows if r["task"].startswith("upstream:")}
+        m = F.run_metrics({"down": [0], "easy_vqa": up["easy_vqa"], "probe": up.get("probe", [])}, base, kinds)
+        per.append({"protocol": rec["label"], "method": rec["method"], "seed": rec["seed"], "scale": rec.get("scale"),
+                    "lr": rec.get("lr"), "Avg": M.average_over_stages(acc), "Last": M.last(acc), "BWT": M.bwt(acc),
+                    "R_after": m["R"], "R_probe_after": m.get("R_probe", math.nan)})
+        for r in rows:
+            if not r["task"].startswith("upstream:") and r["task"] == r["stage_task"]:
+                stage_rows.append({"protocol": rec["label"], "seed": rec["seed"], "stage": r["stage"], "task": r["task"],
+                                   "acc": r["acc"]})
+    per = pd.DataFrame(per)
+    floors = {}
+    for t in ORDER:
+        q = env.ctx.down[t].test.subset(range(min(env.cfg.n_continual_eval, len(env.ctx.down[t].test))))
+        floors[t] = max(q.majority_rate(), q.chance_rate())
+    learned = []
+    st = pd.DataFrame(stage_rows)
+    for (proto, stage, task), g in st.groupby(["protocol", "stage", "task"], sort=False):
+        m, lo, hi = stats.t_interval(g.acc)
+        learned.append({"protocol": proto, "stage": int(stage), "task": task, "seeds": len(g), "acc": m, "lo": lo,
+                        "hi": hi, "floor": floors[task], "learned": bool(lo > floors[task])})
+    summary = []
+    for proto, g in per.groupby("protocol", sort=False):
+        for metric in ("Avg", "Last", "BWT", "R_after", "R_probe_after"):
+            m, lo, hi = stats.t_interval(g[metric])
+            summary.append({"protocol": proto, "metric": metric, "seeds": len(g), "estimate": m, "lo": lo, "hi": hi})
+    comps = []
+    protos = list(dict.fromkeys(per.protocol))
+    pairs = [(protos[1], protos[0]), (protos[2], protos[0]), (protos[2], protos[1])] if len(protos) == 3 else []
+    for a, b in pairs:
+        ga, gb = per[per.protocol == a].set_index("seed"), per[per.protocol == b].set_index("seed")
+        seeds = sorted(set(ga.index) & set(gb.index))
+        for metric in ("Avg", "Last", "BWT", "R_after"):
+            d, lo, hi = stats.paired([ga.at[s, metric] for s in seeds], [gb.at[s, metric] for s in seeds])
+            comps.append({"a": a, "b": b, "metric": metric, "seeds": len(seeds), "diff": d, "lo": lo, "hi": hi,
+                          "direction": stats.direction(lo, hi)})
+    return per, pd.DataFrame(summary), pd.DataFrame(comps), pd.DataFrame(learned)
 
 
 def build(env, res: Mapping) -> dict:
-    """Every table of the study from its records (``res``: :func:`lab.experiments.aware.runner.run_all`)."""
+    """Every table of the study from its records (``res``: :func:`lab.experiments.aware.runner.run_all`
+    or :func:`~lab.experiments.aware.runner.collect`)."""
     import pandas as pd
 
-    from lab.experiments.aware.plan import variants, variant_id
-
-    cfg, ctx = env.cfg, env.ctx
-    vinfo = {variant_id(v): v for v in variants(cfg)}
-    test = [r for r in res.get("test", []) if r["variant"] in vinfo]
-    base = env.base_answers
-    qw = question_draws({st: len(base[st]) for st in SETS}, cfg.replicates)
-    per = per_seed_metrics(test, base, qw)
-    fl = floors(base, ctx, cfg.task)
-
-    # which seeds each variant has, and the variant's own metrics over them
-    metrics, seeds_of, learned, diverged = {}, {}, {}, {}
-    for vid, by_seed in per.items():
-        want = set(cfg.seeds_for(vinfo[vid].group, vid))
-        have = sorted(set(by_seed) & want)
-        if not have:
-            continue
-        seeds_of[vid] = have
-        metrics[vid] = aggregate(by_seed, have, qw)
-        down = I.summarise(metrics[vid]["downstream"])
-        diverged[vid] = any(r.get("diverged") for r in test if r["variant"] == vid)
-        learned[vid] = bool(down["lo"] > fl["floor"]) and not diverged[vid]
-
-    run_rows = []
-    for r in test:
-        v = vinfo[r["variant"]]
-        a = {st: _acc(r["answers"][st]) for st in SETS}
-        m = per[r["variant"]][int(r["seed"])]
-        run_rows.append({"variant": r["variant"], "group": v.group, "label": v.label, "method": v.spec.method,
-                         **table_columns(v.spec, v.calib, v.calib_n or cfg.n_calib),
-                         "seed": int(r["seed"]), "lr": r["lr"], "downstream": a["down"], "up_easy_vqa": a["easy_vqa"],
-                         "up_probe": a["probe"], "R_easy_vqa": float(m["R_easy_vqa"][0]),
-                         "R_probe": float(m["R_probe"][0]), "R": float(m["R"][0]), "E": float(m["E"][0]),
-                         "H": float(m["H"][0]), "trainable": r["trainable"],
-                         "trainable_frac": r["trainable"] / r["total"] if r["total"] else 0.0,
-                         "lora_rank": r["lora_rank"], "steps": r["steps"], "final_loss": r["final_loss"],
-                         "diverged": bool(r.get("diverged")), "train_s": r["train_s"], "seconds": r.get("seconds", np.nan)})
-    runs = pd.DataFrame(run_rows)
-
-    rows = []
-    for vid, ms in metrics.items():
-        v = vinfo[vid]
-        mine = runs[runs.variant == vid]
-        for m, arr in ms.items():
-            s = I.summarise(arr)
-            if m in ("E", "H") and not learned[vid]:
-                s = {"estimate": np.nan, "lo": np.nan, "hi": np.nan}     # not ranked: it did not learn
-            rows.append({"variant": vid, "group": v.group, "label": v.label, "method": v.spec.method,
-                         "lr": mine.lr.iloc[0], "trainable_frac": float(mine.trainable_frac.mean()),
-                         "seeds": len(seeds_of[vid]), "learned": learned[vid], "diverged": diverged[vid],
-                         "metric": m, **s})
-    summary = pd.DataFrame(rows)
-
-    def paired(a, b, m):
-        common = sorted(set(seeds_of.get(a, [])) & set(seeds_of.get(b, [])))
-        if not common:
-            return None
-        da, db = aggregate(per[a], common, qw), aggregate(per[b], common, qw)
-        return I.summarise(da[m] - db[m]), len(common)
-
-    def blocked(a, b, m):
-        if m in ("E", "H"):
-            bad = [x for x in (a, b) if not learned.get(x, False)]
-            if bad:
-                return f"{m}: not compared — {' and '.join(x.split('/')[-1] for x in bad)} did not learn the task"
-        return None
-
-    comp_rows = []
-    for name, a, b, ms in comparisons_of(vinfo):
-        if a not in metrics or b not in metrics:
-            continue
-        for m in ms:
-            got = paired(a, b, m)
-            if got is None:
+    cfg = env.cfg
+    fl = floors(env)
+    test_recs = [r for r in res.get("test", []) if r.get("scale") is not None]
+    runs = runs_table(env, test_recs)
+    out = {"runs": runs, "baselines": baselines_table(env)}
+    out["fronts"] = fronts_table(runs, fl["floor"]) if not runs.empty else pd.DataFrame()
+    comps = []
+    methods_seeds = tuple(cfg.seeds)
+    abl_seeds = tuple(cfg.seeds[: cfg.ablation_seeds])
+    if not runs.empty:
+        have = set(runs.variant)
+        for name, a, b in METHOD_PAIRS:
+            if a in have and b in have:
+                comps += compare_rows(runs, name, a, b, methods_seeds)
+        for vid in dict.fromkeys(runs.variant):
+            if vid.startswith("methods/") or vid == REFERENCE:
                 continue
-            s, k = got
-            why = blocked(a, b, m)
-            comp_rows.append({"comparison": name, "a": a, "b": b, "metric": m, "seeds": k, **s,
-                              "detected": (not I.spans_zero(s["lo"], s["hi"])) if why is None else False,
-                              "verdict": why or _verdict_words(a, b, s, m)})
-    comps = pd.DataFrame(comp_rows)
-
-    find_rows = []
-    for finding, claim, parts in FINDINGS:
-        outcomes, texts = [], []
-        for a, b, m in parts:
-            got = paired(a, b, m) if a in metrics and b in metrics else None
-            why = blocked(a, b, m) if got is not None else f"{b.split('/')[-1]} not run yet"
-            if got is None or why:
-                outcomes.append("n/a")
-                texts.append(why)
-                continue
-            s, k = got
-            if claim == "higher":
-                o = "reproduced" if s["lo"] > 0 else "contradicted" if s["hi"] < 0 else "not detected"
-            else:   # equivalent within +- EQUIVALENCE_H
-                o = ("reproduced" if -EQUIVALENCE_H < s["lo"] and s["hi"] < EQUIVALENCE_H else
-                     "contradicted" if s["lo"] > EQUIVALENCE_H or s["hi"] < -EQUIVALENCE_H else "not detected")
-            outcomes.append(o)
-            texts.append(f"{m} {a.split('/')[-1]} − {b.split('/')[-1]} = {s['estimate']:+.1f} "
-                         f"[{s['lo']:+.1f}, {s['hi']:+.1f}] ({k} seeds)")
-        if "n/a" in outcomes:
-            verdict = "not comparable"
-        elif "contradicted" in outcomes:
-            verdict = "contradicted"
-        elif all(o == "reproduced" for o in outcomes):
-            verdict = "reproduced"
-        else:
-            verdict = "not detected"
-        find_rows.append({"finding": finding, "verdict": verdict, "evidence": "; ".join(texts),
-                          "rule": ("every paired H difference's 95 % interval above zero" if claim == "higher" else
-                                   f"the paired H difference's 95 % interval within ±{EQUIVALENCE_H:g} points")})
-    findings = pd.DataFrame(find_rows)
-
-    learned_rows = [{"variant": vid, "downstream": I.summarise(metrics[vid]["downstream"])["estimate"],
-                     "lo": I.summarise(metrics[vid]["downstream"])["lo"],
-                     "hi": I.summarise(metrics[vid]["downstream"])["hi"], "floor": fl["floor"],
-                     "majority": fl["majority"], "zero_shot": fl["zero_shot"], "learned": learned[vid],
-                     "diverged": diverged[vid], "seeds": len(seeds_of[vid])} for vid in metrics]
-    cols = {"runs": ["variant", "group", "label", "method", "seed", "lr", "downstream", "R", "E", "H"],
-            "summary": ["variant", "group", "label", "method", "lr", "trainable_frac", "seeds", "learned", "diverged",
-                        "metric", "estimate", "lo", "hi"],
-            "comparisons": ["comparison", "a", "b", "metric", "seeds", "estimate", "lo", "hi", "detected", "verdict"],
-            "findings": ["finding", "verdict", "evidence", "rule"],
-            "learned": ["variant", "downstream", "lo", "hi", "floor", "majority", "zero_shot", "learned", "diverged",
-                        "seeds"],
-            "tuning": ["variant", "method", "lr", "seed", "diverged", "val_downstream", "val_R", "val_E", "val_H",
-                       "chosen", "edge"]}
-    frames = {"runs": runs, "summary": summary, "comparisons": comps, "findings": findings,
-              "learned": pd.DataFrame(learned_rows), "tuning": pd.DataFrame(res.get("tuning_rows", []))}
-    tables = {k: (df if len(df) else pd.DataFrame(columns=cols[k])) for k, df in frames.items()}   # readable when empty
-    tables["baselines"] = baselines_table(env)
-    if len(test):
-        tables["answers"] = answers_table(test, {k: v for k, v in base.items() if not k.startswith("val:")})
-    cont = [{"label": c["label"], "replay": c["replay"], "seconds": c.get("seconds", np.nan), **row}
-            for c in res.get("continual", []) for row in c["rows"]]
-    if cont:
-        import pandas as pd  # noqa: F811
-
-        tables["continual"] = pd.DataFrame([{k: v for k, v in r.items() if k not in ("correct",)} for r in cont])
-        seeds = sorted({r["seed"] for r in cont})
-        cs, cc = continual_tables(cont, base, seeds, replicates=cfg.replicates)
-        tables["continual_summary"], tables["continual_comparisons"] = cs, cc
-    return tables
-
-
-def answers_table(records: list[dict], base_answers: Mapping[str, list]):
-    """Tidy ``variant, seed, set, question, correct`` (``variant='base'``: the model before fine-tuning)."""
-    import pandas as pd
-
-    parts = []
-    for r in [{"variant": "base", "seed": -1, "answers": base_answers}, *records]:
-        for s, a in r["answers"].items():
-            if s.startswith("val:"):
-                continue
-            parts.append(pd.DataFrame({"variant": r["variant"], "seed": int(r["seed"]), "set": s,
-                                       "question": np.arange(len(a)), "correct": np.asarray(a, np.int8)}))
-    return pd.concat(parts, ignore_index=True)
-
-
-def continual_tables(cont_rows: list[dict], base_answers: Mapping, seeds, *, replicates: int = 2000, rng_seed: int = 1):
-    """Per protocol: Avg, Last, BWT and R after the sequence with intervals, plus paired differences
-    (each AWARe protocol minus full fine-tuning, replay minus paper) — :mod:`lab.metrics` on every replicate."""
-    import pandas as pd
-
-    from lab import metrics as LM
-    from lab.experiments.aware import intervals as I
-
-    df = pd.DataFrame(cont_rows)
-    tasks = [t for t in dict.fromkeys(df.task) if not t.startswith("upstream:")]
-    n_stages = int(df.stage.max()) + 1
-    sizes = {f"cont:{t}": len(df[df.task == t].correct.iloc[0]) for t in tasks}
-    sizes.update({k: len(base_answers[k]) for k in ("easy_vqa", "probe")})
-    d = I.draw(seeds, sizes, replicates=replicates, rng_seed=rng_seed)
-    base = {k: I.accuracy(d, k, base_answers[k]) for k in ("easy_vqa", "probe")}
-    out = {}
-    for label in dict.fromkeys(df.label):
-        per = {}
-        for seed in seeds:
-            mine = df[(df.label == label) & (df.seed == seed)]
-            acc = {(int(r.stage), r.task): I.accuracy(d, f"cont:{r.task}" if not r.task.startswith("upstream:")
-                                                     else r.task.split(":", 1)[1], r.correct)
-                   for r in mine.itertuples()}
-            avg, last, bwt = (np.empty(d.replicates + 1) for _ in range(3))
-            for b in range(d.replicates + 1):
-                m = LM.from_stage_rows([[acc[(i, tasks[j])][b] for j in range(i + 1)] for i in range(n_stages)])
-                a_b = LM.stage_averages(m)
-                avg[b], last[b], bwt[b] = LM.average_incremental_accuracy(a_b), LM.last_accuracy(a_b), LM.backward_transfer(m)
-            r_after = (I.retention(base["easy_vqa"], acc[(n_stages - 1, "upstream:easy_vqa")])
-                       + I.retention(base["probe"], acc[(n_stages - 1, "upstream:probe")])) / 2
-            per[seed] = {"Avg": avg, "Last": last, "BWT": bwt, "R_after": r_after}
-        out[label] = {m: I.over_seeds(d, {s: per[s][m] for s in seeds}) for m in ("Avg", "Last", "BWT", "R_after")}
-    rows = [{"protocol": lab_, "metric": m, **I.summarise(arr)} for lab_, ms in out.items() for m, arr in ms.items()]
-    labels = list(out)
-    pairs = [(labels[1], labels[0]), (labels[2], labels[0]), (labels[2], labels[1])] if len(labels) == 3 else []
-    diffs = []
-    for a, b in pairs:
-        for m in ("Avg", "Last", "BWT", "R_after"):
-            s = I.summarise(out[a][m] - out[b][m])
-            scale = 100 if m in ("Avg", "Last", "BWT") else 1
-            diffs.append({"a": a, "b": b, "metric": m, **s, "detected": not I.spans_zero(s["lo"], s["hi"]),
-                          "verdict": I.verdict(a, b, {k: v * scale for k, v in s.items()}, m,
-                                               " pts" if scale == 100 else "")})
-    return pd.DataFrame(rows), pd.DataFrame(diffs)
+            comps += compare_rows(runs, f"AWARe vs {vid}", REFERENCE, vid, abl_seeds)
+    comps = pd.DataFrame(comps)
+    out["comparisons"] = comps
+    find = []
+    by = {n: g.to_dict("records") for n, g in comps.groupby("comparison")} if len(comps) else {}
+    for finding, claim, pairs in FINDINGS:
+        for a, b in pairs:
+            v, d, lo, hi, k = finding_verdict(by.get(f"AWARe vs {b}", []), claim)
+            find.append({"finding": finding, "claim": claim, "a": a, "b": b, "read": "R at matched downstream accuracy",
+                         "seeds": k, "diff": d, "lo": lo, "hi": hi, "verdict": v})
+    for name, a, b in METHOD_PAIRS:
+        if a == REFERENCE:
+            v, d, lo, hi, k = finding_verdict(by.get(name, []), "higher")
+            find.append({"finding": f"AWARe retains more than {name.split(' vs ', 1)[1]} at matched downstream accuracy",
+                         "claim": "higher", "a": a, "b": b, "read": "R at matched downstream accuracy", "seeds": k,
+                         "diff": d, "lo": lo, "hi": hi, "verdict": v})
+    out["findings"] = pd.DataFrame(find)
+    out["tuning"] = pd.DataFrame(res.get("tuning_rows", []))
+    out["precision"] = precision_table(env, res.get("precision", []), test_recs, runs)
+    per, summ, ccomp, learned = continual_tables(res.get("continual", []), env)
+    out.update({"continual": per, "continual_summary": summ, "continual_comparisons": ccomp, "continual_learned": learned})
+    return {k: v for k, v in out.items() if v is not None}
