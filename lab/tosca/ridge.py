@@ -2,8 +2,10 @@
 
 One implementation for two users (docs/tosca.md, "Inference: entropy routing" and "Baselines"):
 
-* the ``ridge`` router (:mod:`lab.tosca.routing`): the routing of the authors' current repository
-  — each test sample goes to the task module that owns its top-1 ridge class;
+* the ``ridge`` router (:mod:`lab.tosca.routing`): a RanPAC-style global ridge router from a
+  follow-up method (PRISM) developed in the repository that first published TOSCA's code; the TOSCA
+  paper's own routing is entropy — each test sample goes to the task module that owns its top-1
+  ridge class;
 * the RanPAC baseline (:class:`lab.experiments.tosca.baselines.RanPAC`), whose classifier *is*
   this ridge (McDonnell et al., NeurIPS 2023).
 
@@ -14,17 +16,17 @@ The maths, with ``x [n, d]`` frozen features and ``y`` labels in the incremental
     Q = Σ hᵀY   [D, C]        Y one-hot over every class seen so far (Q grows by columns)
     W_out = (G + λI)⁻¹ Q      Cholesky in float64; scores = h W_out
 
-``x̂`` is ``x / ‖x‖`` when ``normalize`` (the authors' router: ``ridge_normalize: true``) and ``x``
+``x̂`` is ``x / ‖x‖`` when ``normalize`` (PRISM's router: ``ridge_normalize: true``) and ``x``
 itself otherwise (RanPAC's code projects the raw feature).
 
-λ. ``lam`` is a number (the authors' router configs: 1,000 — their code's fallback is 10⁴) or
+λ. ``lam`` is a number (PRISM's router configs: 1,000 — its code's fallback is 10⁴) or
 ``"auto"``: RanPAC's rule, run at every :meth:`RidgeRouter.update` on that update's data only —
 the λ of :data:`RIDGES` with the least mean squared error on a 20 % split of the task's data
 (seeded shuffle: our rows are ordered by class) from the ridge fitted on the other 80 %. Holding
 out data of earlier tasks would mean storing their features, which the method does not; the λ
 chosen on the latest task then serves every class.
 
-Projection dimension. The authors route with ``D = 15,000`` (``ridge_proj_dim`` in every config); the
+Projection dimension. PRISM routes with ``D = 15,000`` (``ridge_proj_dim`` in every config); the
 default here is :data:`PROJ_DIM` = 2,000, what a CPU affords per task (the solve is cubic in D).
 Measured on the shared 2-core AMD EPYC box, both cores busy with another job (``nice 19``), 1 torch
 thread, 100 classes, 5,000 samples per update (2,000 at D = 15,000):
@@ -50,8 +52,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-PROJ_DIM = 2000  # ours (laptop-friendly); the authors' router: 15,000, RanPAC's paper: 10,000
-LAMBDA = 1e3  # the authors' router configs (ridge_lambda)
+# where the ``ridge`` router comes from, in the words every page and table that names it uses
+ORIGIN = ("a RanPAC-style global ridge router from a follow-up method (PRISM) developed in the repository that "
+          "first published TOSCA's code; the TOSCA paper's own routing is entropy")
+PROJ_DIM = 2000  # ours (laptop-friendly); PRISM's router: 15,000, RanPAC's paper: 10,000
+LAMBDA = 1e3  # PRISM's router configs (ridge_lambda)
 RIDGES = tuple(10.0 ** k for k in range(-8, 14))  # RanPAC's grid (their optimise_ridge_parameter)
 _CHUNK_ELEMENTS = 1 << 24  # rows per update chunk: at most 2²⁴ float64 entries of h (128 MB)
 

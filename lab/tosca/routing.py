@@ -24,8 +24,9 @@ scatter), and — for the reference's per-batch protocol and the oracle only —
 * ``entropy-ncm`` (ours): entropy where it is confident — the winner's entropy below half of
   log C — and ``ncm`` elsewhere.
 * ``ridge``: the task of the top-1 class of a global ridge classifier on random ReLU features of
-  the frozen features (:class:`lab.tosca.ridge.RidgeRouter`; RanPAC's read-out), the routing of
-  the authors' current repository.
+  the frozen features (:class:`lab.tosca.ridge.RidgeRouter`; RanPAC's read-out): a RanPAC-style
+  global ridge router from a follow-up method (PRISM) developed in the repository that first
+  published TOSCA's code. The TOSCA paper's own routing is entropy (``per-sample`` / ``per-batch``).
 
 Routing accuracy: the fraction of samples routed to their own task's module.
 """
@@ -61,7 +62,11 @@ class RouteContext:
     def need(self, router: str, *names: str) -> None:
         missing = [n for n in names if getattr(self, n) is None]
         if missing:
-            raise ValueError(f"routing {router!r} needs {', '.join(missing)} in its RouteContext")
+            raise MissingContext(f"routing {router!r} needs {', '.join(missing)} in its RouteContext")
+
+
+class MissingContext(ValueError):
+    """A router was given a RouteContext without something it needs (:meth:`RouteContext.need`)."""
 
 
 def register(name: str, **info):
@@ -77,9 +82,74 @@ ROUTINGS = ("per-sample", "per-batch", "oracle")  # what every TOSCA run reports
 
 
 def check_routing(name: str) -> str:
+    """``name`` if it is a registered routing; a router that is not a built-in is also tried once
+    on a small batch (:func:`probe`), so that a bad one fails before any training, naming it."""
     if name not in ROUTERS:
         raise ValueError(f"unknown routing {name!r}; valid routings: {', '.join(ROUTERS.names())}")
+    if ROUTERS.source(name) != "built-in":
+        probe(name)
     return name
+
+
+def _who(name: str) -> str:
+    src = ROUTERS.source(name)
+    return f"routing {name!r}" + ("" if src == "built-in" else f" (registered by {src})")
+
+
+def check_choice(choice, logits: torch.Tensor, name: str) -> torch.Tensor:
+    """A router's answer must be a module index per sample: an integer tensor ``[N]`` with every
+    value in ``0..T-1`` (a -1 would silently pick the last module, a float would fail after training)."""
+    T, N = logits.shape[0], logits.shape[1]
+    if not torch.is_tensor(choice):
+        raise ValueError(f"{_who(name)} returned {type(choice).__name__}, not a tensor of module indices [{N}]")
+    if tuple(choice.shape) != (N,):
+        raise ValueError(f"{_who(name)} returned shape {tuple(choice.shape)}, expected ({N},): one module per sample")
+    if choice.dtype == torch.bool or choice.dtype.is_floating_point or choice.dtype.is_complex:
+        raise ValueError(f"{_who(name)} returned {choice.dtype} values; module indices must be integers")
+    if N:
+        lo, hi = int(choice.min()), int(choice.max())
+        if lo < 0 or hi >= T:
+            raise ValueError(f"{_who(name)} returned module index {lo if lo < 0 else hi}; the {T} modules are "
+                             f"0..{T - 1}")
+    return choice
+
+
+_probed: dict[tuple[str, int], None] = {}
+
+
+def probe(name: str) -> None:
+    """Run router ``name`` once on a small made-up batch (3 modules, 6 samples, 6 classes, every
+    field of the RouteContext filled) and check its answer (:func:`check_choice`): milliseconds,
+    once per router and process. A router that raises fails here too, named; one that needs
+    something the made-up context lacks (:class:`MissingContext`) is left to the real run."""
+    fn = ROUTERS.get(name)
+    if (name, id(fn)) in _probed:
+        return
+    from .ridge import RidgeRouter
+
+    gen = torch.Generator().manual_seed(0)
+    T, N, C, d = 3, 6, 6, 8
+    task_of_class = torch.arange(C) // 2                              # [C] two classes per module
+    labels = torch.arange(N) % C                                      # [N]
+    features = torch.randn(N, d, generator=gen)                       # [N, d]
+    ridge = RidgeRouter(d, 16, seed=0)
+    ridge.update(torch.randn(2 * C, d, generator=gen), torch.arange(2 * C) % C)
+    ctx = RouteContext(features=features, class_means=torch.randn(C, d, generator=gen), scatter=torch.eye(d),
+                       scatter_count=2 * C, task_of_class=task_of_class, task_ids=task_of_class[labels],
+                       labels=labels, batch_size=2, ridge=ridge)
+    logits = torch.randn(T, N, C, generator=gen)                      # [T, N, C]
+    try:
+        choice = ROUTERS.create(name, logits=logits, ctx=ctx)
+    except MissingContext:
+        return
+    except Exception as exc:
+        raise ValueError(f"{_who(name)} failed on a test batch before training: {type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())}") from None
+    try:
+        check_choice(choice, logits, name)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (on a test batch of {N} samples, {T} modules, before training)") from None
+    _probed[(name, id(fn))] = None
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -194,9 +264,7 @@ def predict(logits: torch.Tensor, choice: torch.Tensor) -> torch.Tensor:
 def choose(logits: torch.Tensor, routing: str, ctx: RouteContext | None = None) -> torch.Tensor:
     """Module index per sample ``[N]`` under one registered routing."""
     choice = ROUTERS.create(check_routing(routing), logits=logits, ctx=ctx or RouteContext())
-    if choice.shape != logits.shape[1:2]:
-        raise ValueError(f"routing {routing!r} returned shape {tuple(choice.shape)}, expected ({logits.shape[1]},)")
-    return choice
+    return check_choice(choice, logits, routing)
 
 
 @dataclass

@@ -30,7 +30,9 @@ routing (TOSCA is evaluated under --routings and --routing; --routing picks the 
   mahalanobis  the same under one shared, shrunk covariance of the frozen features
   entropy-ncm  entropy where its winner is confident, ncm elsewhere
   ridge        the task of the top-1 class of a global ridge classifier on random ReLU features
-               of the frozen features (RanPAC's read-out; the authors' current routing)
+               of the frozen features: a RanPAC-style global ridge router from a follow-up
+               method (PRISM) developed in the repository that first published TOSCA's code;
+               the TOSCA paper's own routing is entropy
 
 modes:
   cached   train on cached backbone features (no backbone pass during training; default)
@@ -98,10 +100,10 @@ def register(subparsers) -> None:
     p.add_argument("--flow", default="tosca", choices=TOSCA_FLOWS,
                    help="LuCA flow (default tosca; the others are the reference's ablations)")
     p.add_argument("--ridge-dim", type=int, default=None, metavar="D",
-                   help="the ridge router's random-projection dimension (default 2000; the authors' 15000; "
+                   help="the ridge router's random-projection dimension (default 2000; PRISM's 15000; "
                         "needs ridge among --routings)")
     p.add_argument("--ridge-lambda", type=float, default=None, metavar="LAMBDA",
-                   help="the ridge router's regularisation λ (default 1e3, the authors')")
+                   help="the ridge router's regularisation λ (default 1e3, PRISM's)")
     p.add_argument("--per-batch-size", type=int, default=48, help="test batch of the per-batch protocol (default 48)")
     p.add_argument("--device", default="cpu", help="device of the feature pass and the TOSCA modules (default cpu; "
                                                    "cuda: features in bf16 autocast)")
@@ -417,9 +419,14 @@ def study_main(argv, prog: str = "lab tosca study") -> int:
 
     from . import study
 
+    if argv[:1] == ["mechanism"]:              # the mechanism study: its own command line
+        from . import mechanism
+
+        return mechanism.main(argv[1:], prog=f"{prog} mechanism")
     p = study.parser(prog)
     p.epilog = ("--executor defaults to ray where Ray is installed and the machine has two cores or more "
-                "(every core, one variant per task), else local")
+                "(every core, one variant per task), else local. `lab tosca study mechanism --help`: the "
+                "mechanism study (L1 x training length: sparsity, gates, overlap against chance)")
     tracking.add_argument(p)
     args = p.parse_args(argv)
     only = argparse.ArgumentParser(add_help=False)

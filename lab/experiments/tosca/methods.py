@@ -41,8 +41,8 @@ class ToscaMethod(Method):
     times stay TOSCA's own, and a resumed run rebuilds them (the same updates in the same order,
     the same numbers) instead of saving a [D, D] Gram matrix with every task."""
 
-    ridge_dim = PROJ_DIM  # the ridge router's projection dimension (the authors': 15,000)
-    ridge_lambda = LAMBDA  # the ridge router's λ (the authors')
+    ridge_dim = PROJ_DIM  # the ridge router's projection dimension (PRISM's: 15,000)
+    ridge_lambda = LAMBDA  # the ridge router's λ (PRISM's)
 
     def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached"):
         super().__init__(dim, cfg, backbone=backbone, mode=mode)

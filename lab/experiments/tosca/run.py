@@ -54,8 +54,8 @@ class RunConfig(ToscaConfig):
     name: str = ""  # run-dir label; default "<method>-<datasets>-B<init>Inc<inc>-s<seed>"
     weights: str | None = None  # backbone weights file (as $LAB_VIT_B16_WEIGHTS); None: the registry's
     preprocess: str | None = None  # ViT preprocessing 'reference' | 'timm' (lab.backbones); None: the backbone's
-    ridge_dim: int | None = None  # the ridge router's projection D; None: lab.tosca.ridge.PROJ_DIM (authors: 15,000)
-    ridge_lambda: float | None = None  # the ridge router's λ; None: lab.tosca.ridge.LAMBDA (1e3, the authors')
+    ridge_dim: int | None = None  # the ridge router's projection D; None: lab.tosca.ridge.PROJ_DIM (PRISM: 15,000)
+    ridge_lambda: float | None = None  # the ridge router's λ; None: lab.tosca.ridge.LAMBDA (1e3, PRISM's)
 
     def __post_init__(self):
         super().__post_init__()  # the method's hyper-parameters
