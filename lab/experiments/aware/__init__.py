@@ -8,14 +8,14 @@
 * :mod:`~lab.experiments.aware.profiling` calibration batches, several and nested profiles
 * :mod:`~lab.experiments.aware.ablate`, ``tune``, ``continual``  sweeps: variants mapped by one call each
 * :mod:`~lab.experiments.aware.results`, ``study``  saved runs and saliency profiles read back
-* :mod:`~lab.experiments.aware.tables`, ``figures``, ``prose``  notebook 03's views; ``ablation_views`` notebook 04's
+* :mod:`~lab.experiments.aware.tables`, ``figures``, ``prose``  notebook 03's views; ``ablation_views`` ``lab aware ablate``'s
 * :mod:`~lab.experiments.aware.checks`, ``cli``  ``--targets`` checked before work; ``lab aware ...``
 
 The shipped study (``lab aware study``), one way from config to views:
 
 * :mod:`~lab.experiments.aware.plan`         config (``StudyConfig``), variants, phases, every run as a keyed job
-* :mod:`~lab.experiments.aware.runner`       runs: one pure function per job through :mod:`lab.executors`, rates chosen
-* :mod:`~lab.experiments.aware.intervals`, ``study_tables``  statistics: paired bootstrap over seeds and questions
+* :mod:`~lab.experiments.aware.runner`       runs: one pure function per job through :mod:`lab.executors`; scales chosen on tuning seeds
+* :mod:`~lab.experiments.aware.fronts`, ``study_tables``  tables: learning-rate fronts read at matched levels, paired by seed (:mod:`lab.stats`)
 * :mod:`~lab.experiments.aware.study_views`  views: notebook 04, ``results/aware/README.md``, the README section
 * :mod:`~lab.experiments.aware.shipped`, ``provenance``  the one command; code hashes and machine for the manifest
 """

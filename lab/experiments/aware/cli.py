@@ -133,11 +133,15 @@ def register(subparsers) -> None:
     q.set_defaults(func=cmd_study)
     q = sub.add_parser("check", help="re-run one finished run of a study and compare its answers with the stored ones",
                        description="Does this code, on this machine, still give a study's answers? Re-runs one "
-                                   "finished run (default: the first finished full fine-tuning run; ~5-10 min on "
-                                   "one core at the shipped size) and compares every answer with the stored run's.")
+                                   "finished run (default: the first finished full fine-tuning run; 2-6 min on "
+                                   "one core at the shipped size) and compares every answer with the stored run's; "
+                                   "with --steps N only its first N training steps, compared loss by loss with "
+                                   "the stored run's.")
     q.add_argument("--out", default="results/aware", help="the study folder (default results/aware)")
     q.add_argument("--preset", default="shipped", choices=["shipped", "smoke"], help="the study's preset")
     q.add_argument("--run", default=None, metavar="KEY", help="the run to re-run: its file name in OUT/runs without .json")
+    q.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="re-run only the first N training steps and compare their losses (seconds, not minutes)")
     q.add_argument("--cache-dir", default=None, help="cache root (default $LAB_CACHE_DIR or ~/.cache/continual-lab)")
     q.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     q.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -627,6 +631,29 @@ def _refuse_other_study(out, cfg, replace: bool) -> None:
                                        "or --replace to write over its tables")
 
 
+def _refuse_preset_mismatch(out, preset: str) -> None:
+    """``lab aware check`` on a study made with another preset would re-run a job that study never
+    planned (and load a model it never used): one line, before any work."""
+    import json
+    from dataclasses import asdict
+
+    from lab import _validate as V
+    from lab._io import read_json
+    from lab.experiments.aware.plan import PRESETS
+
+    f = out / "manifest.json"
+    if not f.is_file():
+        return
+    try:
+        then = read_json(f).get("config")
+    except Exception:
+        return
+    if isinstance(then, dict) and then != json.loads(json.dumps(asdict(PRESETS[preset]))):
+        others = [k for k, c in PRESETS.items() if json.loads(json.dumps(asdict(c))) == then]
+        raise V.bad("--preset", preset, f"is not the preset {out} was made with"
+                    + (f" (it was made with --preset {others[0]})" if others else " (a custom configuration)"))
+
+
 def cmd_check(args) -> int:
     from pathlib import Path
 
@@ -639,6 +666,9 @@ def cmd_check(args) -> int:
     out = Path(args.out)
     if not (out / "runs").is_dir():
         raise V.bad("--out", args.out, "holds no study runs (no runs/ folder); run `lab aware study` first")
+    if args.steps is not None:
+        V.count("--steps", args.steps, maximum=100000)
+    _refuse_preset_mismatch(out, args.preset)
     _threads()
     from lab.experiments.aware import runner
     from lab.experiments.aware.study_views import seed_caches
@@ -647,9 +677,16 @@ def cmd_check(args) -> int:
     env = runner.build_env(PRESETS[args.preset], cache_dir=args.cache_dir, device=args.device,
                            progress=not args.quiet, store=out / "saliency")
     try:
-        res = runner.check(env, out, args.run, log=None if args.quiet else print)
+        res = runner.check(env, out, args.run, steps=args.steps, log=None if args.quiet else print)
     except ValueError as e:
         raise V.bad("--run", args.run or "(default)", str(e)) from None
+    if args.steps:
+        for r in res["rows"]:
+            same = "same" if r["stored loss"] == r["live loss"] else "DIFFERS"
+            print(f"  step {r['step']:>3}: stored loss {r['stored loss']:.6f}, live {r['live loss']:.6f}  {same}")
+        print(f"{res['key']}: the first {len(res['rows'])} steps' losses are "
+              + ("identical" if res["same"] else "NOT identical") + f" ({res['seconds']:.0f} s)")
+        return 0 if res["same"] else 1
     for r in res["rows"]:
         print(f"  {r['set']:<14} {r['same']}/{r['questions']} answers the same  (stored acc {r['stored acc']:.3f}, "
               f"live {r['live acc']:.3f})")

@@ -48,16 +48,34 @@ def kind_floors(qa) -> list[dict]:
     return out
 
 
+def upstream_skills(qa, base_easy: Sequence[int]) -> tuple[str, ...]:
+    """The easy-VQA kinds the base model actually has as skills: its accuracy's 95 % Wilson lower
+    bound above the kind's most common answer and its chance. Retention of a kind the model never
+    knew (e.g. colour, answered at chance before any fine-tuning) would only add noise to R."""
+    from lab.metrics import wilson_interval
+
+    kinds = easy_kinds(qa.answers)
+    base = np.asarray(base_easy)
+    out = []
+    for k in kind_floors(qa):
+        m = kinds == k["kind"]
+        lo, _ = wilson_interval(float(base[m].mean()), int(m.sum()), percent=False)
+        if lo > max(k["most_common"], k["chance"]):
+            out.append(k["kind"])
+    return tuple(out)
+
+
 def _acc(a) -> float:
     return float(np.mean(a)) if len(a) else math.nan
 
 
 def run_metrics(answers: Mapping[str, Sequence[int]], base: Mapping[str, Sequence[int]], kinds: np.ndarray,
-                prefix: str = "") -> dict:
+                prefix: str = "", skills: Sequence[str] = KINDS) -> dict:
     """A run's numbers from its per-question answers and the base model's: downstream accuracy,
     easy-VQA accuracy overall and per kind, probe accuracy, R (multimodal: mean retention over the
-    kinds), R of easy-VQA as one set, R of the probe. ``prefix``: ``"val:"`` for validation answers
-    (there is no validation probe; kinds then come from the validation questions)."""
+    kinds in ``skills``, see :func:`upstream_skills`), R of easy-VQA as one set, R of the probe.
+    ``prefix``: ``"val:"`` for validation answers (there is no validation probe; kinds then come
+    from the validation questions)."""
     out = {"downstream": _acc(answers[f"{prefix}down"])}
     easy, easy0 = np.asarray(answers[f"{prefix}easy_vqa"]), np.asarray(base[f"{prefix}easy_vqa"])
     out["easy_vqa"] = _acc(easy)
@@ -68,7 +86,8 @@ def run_metrics(answers: Mapping[str, Sequence[int]], base: Mapping[str, Sequenc
             out[f"easy_vqa:{k}"] = _acc(easy[m])
             before = _acc(easy0[m])
             out[f"R:{k}"] = 100.0 * out[f"easy_vqa:{k}"] / before if before > 0 else math.nan
-            rs.append(out[f"R:{k}"])
+            if k in skills:
+                rs.append(out[f"R:{k}"])
     rs = [r for r in rs if not math.isnan(r)]          # a kind the base never answered right has no retention
     out["R"] = float(np.mean(rs)) if rs else math.nan
     out["R_easy_vqa"] = 100.0 * out["easy_vqa"] / _acc(easy0) if _acc(easy0) > 0 else math.nan

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+
+import numpy as np
 from dataclasses import asdict, dataclass, replace
 
 from lab.aware.config import AwareConfig
@@ -89,9 +91,15 @@ class StudyConfig:
             raise ValueError(f"unknown precision {self.precision!r}; choose from {list(PRECISIONS)}")
 
     def base_rate(self, method: str) -> float | None:
-        """``method``'s rate at scale 1: ``rates``' entry, else the registry's ``Method.rate``."""
+        """``method``'s rate at scale 1: ``rates``' entry, else the registry's ``Method.rate``, else the
+        geometric middle of its ``Method.grid`` (a method registered without a base rate)."""
         own = dict(self.rates)
-        return float(own[method]) if method in own else get_method(method).rate
+        if method in own:
+            return float(own[method])
+        m = get_method(method)
+        if m.rate is None and m.grid:
+            return float(f"{float(np.exp(np.mean(np.log(m.grid)))):.3g}")
+        return m.rate
 
     def rate(self, method: str, scale: float | None) -> float | None:
         """The language-model (or adapter) rate of ``method`` at ``scale`` (None: nothing trains)."""

@@ -325,8 +325,10 @@ def collect(env: Env, out: Path) -> dict:
     for j in tune_jobs:
         want.setdefault(variant_id(j.variant), set()).add((j.scale, j.seed))
     whole = [r for r in tune if have.get(r["variant"], set()) >= want[r["variant"]]]
+    from lab.aware.methods import get_method
+
     points, kept, rows = choose(env, whole, cfg.keep) if any(
-        r["method"] == "full" for r in whole) else ({}, {}, [])
+        get_method(r["method"]).role == "reference" for r in whole) else ({}, {}, [])
     tests, m_tests = found(P.plan_tests(cfg, kept), P.job_key)
     untested = sum(len(cfg.seeds_for(v.group)) * cfg.keep for v in P.variants(cfg)
                    if v.group != "methods" and P.trains(v) and variant_id(v) not in kept)

@@ -70,13 +70,21 @@ def baselines_table(env):
         rows.append({"set": names[st], "reference": "zero-shot", "acc": _acc(env.base_answers[st]), "n": len(q)})
     kinds = F.easy_kinds(ctx.easy.test.answers)
     base = np.asarray(env.base_answers["easy_vqa"])
+    skills = skills_of(env)
     for k in F.kind_floors(ctx.easy.test):
         m = kinds == k["kind"]
         name = f"easy-VQA: {k['kind']}"
-        rows.append({"set": name, "reference": "most common answer", "acc": k["most_common"], "n": k["n"]})
-        rows.append({"set": name, "reference": "chance (among its own answers)", "acc": k["chance"], "n": k["n"]})
-        rows.append({"set": name, "reference": "zero-shot", "acc": _acc(base[m]), "n": k["n"]})
+        in_r = k["kind"] in skills
+        rows.append({"set": name, "reference": "most common answer", "acc": k["most_common"], "n": k["n"], "in_R": in_r})
+        rows.append({"set": name, "reference": "chance (among its own answers)", "acc": k["chance"], "n": k["n"],
+                     "in_R": in_r})
+        rows.append({"set": name, "reference": "zero-shot", "acc": _acc(base[m]), "n": k["n"], "in_R": in_r})
     return pd.DataFrame(rows)
+
+
+def skills_of(env) -> tuple[str, ...]:
+    """The easy-VQA kinds R averages over: those the base model knows (:func:`fronts.upstream_skills`)."""
+    return F.upstream_skills(env.ctx.easy.test, env.base_answers["easy_vqa"])
 
 
 def runs_table(env, records: list[dict]):
@@ -88,12 +96,13 @@ def runs_table(env, records: list[dict]):
     cfg = env.cfg
     vinfo = {variant_id(v): v for v in variants(cfg)}
     kinds = F.easy_kinds(env.ctx.easy.test.answers)
+    skills = skills_of(env)
     rows = []
     for r in records:
         if r["variant"] not in vinfo or "down" not in r["answers"]:
             continue
         v = vinfo[r["variant"]]
-        m = F.run_metrics(r["answers"], env.base_answers, kinds)
+        m = F.run_metrics(r["answers"], env.base_answers, kinds, skills=skills)
         rows.append({"variant": r["variant"], "group": v.group, "label": v.label, "method": v.spec.method,
                      **table_columns(v.spec, v.calib, v.calib_n or cfg.n_calib),
                      "scale": r.get("scale"), "lr": r.get("lr"), "lr_projector": r.get("lr_projector"),
@@ -101,7 +110,12 @@ def runs_table(env, records: list[dict]):
                      "trainable_frac": r["trainable"] / r["total"] if r.get("total") else 0.0,
                      "diverged": bool(r.get("diverged")), "final_loss": r.get("final_loss"),
                      "train_s": r.get("train_s"), "seconds": r.get("seconds")})
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    order = {vid: i for i, vid in enumerate(vinfo)}       # the plan's order, whatever order the runs came in
+    df["_o"] = df.variant.map(order)
+    return df.sort_values(["_o", "scale", "seed", "precision"]).drop(columns="_o").reset_index(drop=True)
 
 
 def fronts_table(runs, floor: float):
@@ -234,7 +248,8 @@ def continual_tables(cont_recs: list[dict], env):
         acc = [[next(r["acc"] for r in rows if r["stage"] == i and r["task"] == t) for t in ORDER[: i + 1]]
                for i in range(len(ORDER))]
         up = {r["task"].split(":", 1)[1]: r["correct"] for r in rows if r["task"].startswith("upstream:")}
-        m = F.run_metrics({"down": [0], "easy_vqa": up["easy_vqa"], "probe": up.get("probe", [])}, base, kinds)
+        m = F.run_metrics({"down": [0], "easy_vqa": up["easy_vqa"], "probe": up.get("probe", [])}, base, kinds,
+                          skills=skills_of(env))
         per.append({"protocol": rec["label"], "method": rec["method"], "seed": rec["seed"], "scale": rec.get("scale"),
                     "lr": rec.get("lr"), "Avg": M.average_over_stages(acc), "Last": M.last(acc), "BWT": M.bwt(acc),
                     "R_after": m["R"], "R_probe_after": m.get("R_probe", math.nan)})
@@ -314,4 +329,4 @@ def build(env, res: Mapping) -> dict:
     out["precision"] = precision_table(env, res.get("precision", []), test_recs, runs)
     per, summ, ccomp, learned = continual_tables(res.get("continual", []), env)
     out.update({"continual": per, "continual_summary": summ, "continual_comparisons": ccomp, "continual_learned": learned})
-    return {k: v for k, v in out.items() if v is not None}
+    return {k: v for k, v in out.items() if v is not None and len(v.columns)}   # a part not run: no file

@@ -217,6 +217,10 @@ def baselines(study: dict):
     out.columns.name = None
     n = b.groupby("set", sort=False).n.first()
     out.insert(1, "questions", [int(n[x]) for x in out.set])
+    if "in_R" in b:
+        flag = b.groupby("set", sort=False).in_R.first()
+        out["an upstream skill in R?"] = ["yes" if flag.get(x) is True else "no: the base model does not know it"
+                                         if flag.get(x) is False else "" for x in out.set]
     return out.rename(columns={"set": "question set"}).round(3)
 
 
