@@ -182,7 +182,7 @@ def _row(level, va, vb, seeds) -> dict:
     ma, la, ha = stats.t_interval(va)
     mb, lb, hb = stats.t_interval(vb)
     md, lo, hi = stats.paired(va, vb)
-    return {"level": level, "seeds": len(seeds), "a": ma, "a_lo": la, "a_hi": ha, "b": mb, "b_lo": lb, "b_hi": hb,
+    return {"level": level, "seeds": len(seeds), "a_mean": ma, "a_lo": la, "a_hi": ha, "b_mean": mb, "b_lo": lb, "b_hi": hb,
             "diff": md, "lo": lo, "hi": hi, "direction": stats.direction(lo, hi)}
 
 
@@ -192,7 +192,7 @@ def dominance(rows: list[dict], a: str, b: str) -> str:
     for r in rows:
         if r["level"] is None:
             continue
-        who = {"higher": a, "lower": b}.get(r["direction"])
+        who = {"higher": a, "lower": b}.get(r["direction"], r["direction"] if r["direction"] == "not enough seeds" else None)
         parts.append((r["level"], who))
     if not parts:
         return "the fronts share no level on every seed"
@@ -205,5 +205,6 @@ def dominance(rows: list[dict], a: str, b: str) -> str:
     words = []
     for lo, hi, who in spans:
         rng = f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"
-        words.append(f"{who} above at {rng}" if who else f"no difference detected at {rng}")
+        words.append(f"not enough seeds at {rng}" if who == "not enough seeds" else
+                     f"{who} above at {rng}" if who else f"no difference detected at {rng}")
     return "; ".join(words)

@@ -46,6 +46,14 @@ PAPER = (("IconQA retention R", "98.4 %", "LLaVA-1.5-7B, 3 epochs on IconQA; R o
          ("parameters updated", "~17.5 %", "rho 0.3 on q/k/v + projector of a 7B model"))
 
 
+def scale_str(x) -> str:
+    """A learning-rate scale as a reader writes it: 1/27, 1/3, 1, 3."""
+    x = float(x)
+    if x < 1 and abs(1 / x - round(1 / x)) < 1e-6:
+        return f"1/{round(1 / x)}"
+    return f"{x:g}"
+
+
 def name(vid: str) -> str:
     """A variant id in words."""
     if vid in NAMES:
@@ -189,7 +197,7 @@ def provenance(study: dict, *, code_check: bool = True) -> str:
              f"`{m['sources']['sha256'][:12]}`. Test seeds {cfg['seeds']} (the methods' fronts; the first "
              f"{cfg['ablation_seeds']} for the ablation variants); tuning seeds {cfg['tune_seeds']}, never test seeds, "
              f"choose each ablation variant's {cfg['keep']} scales on {cfg['n_val']} + {cfg['n_val']} validation "
-             f"questions. Scales {', '.join(f'{x:.3g}' for x in cfg['scales'])} of each method's base recipe; "
+             f"questions. Scales {', '.join(scale_str(x) for x in cfg['scales'])} of each method's base recipe; "
              f"{cfg['steps']} steps x {cfg['batch_size']} questions per run in {cfg['precision']}; test sets of "
              f"{cfg['n_eval']} downstream, {cfg['n_easy_eval']} easy-VQA and {cfg['n_probe']} probe questions.",
              f"Intervals: {m['intervals']}."]
@@ -260,7 +268,7 @@ def plane(study: dict, variants=None, *, title: str = "", seeds_note: bool = Tru
                          arrayminus=g.downstream - g.downstream_lo, thickness=1),
             error_y=dict(type="data", symmetric=False, array=g.R_hi - g.R, arrayminus=g.R - g.R_lo, thickness=1),
             customdata=np.stack([g.scale, g.lr, g.lr_projector, g.seeds], -1),
-            hovertemplate=(name(vid) + "<br>scale %{customdata[0]:.3g} (rate %{customdata[1]:.2g}, projector "
+            hovertemplate=(name(vid) + "<br>scale ×%{customdata[0]:.3g} (rate %{customdata[1]:.2g}, projector "
                            "%{customdata[2]:.2g})<br>downstream %{x:.3f}, R %{y:.1f} %<br>%{customdata[3]} seeds"
                            "<extra></extra>")))
     fl = _floor(study)
@@ -284,7 +292,7 @@ def fronts_table(study: dict, group: str | None = "methods"):
         return _empty("no finished run yet")
     if group:
         f = f[f.group == group]
-    out = {"variant": [name(v) for v in f.variant], "scale": [f"{x:.3g}" for x in f.scale],
+    out = {"variant": [name(v) for v in f.variant], "scale": [scale_str(x) for x in f.scale],
            "rate (LM or adapter)": [f"{x:.2g}" for x in f.lr], "projector rate": [f"{x:.2g}" for x in f.lr_projector],
            "seeds": f.seeds.astype(int),
            "downstream accuracy [95 %]": [_fmt(a, b, c, 3) for a, b, c in zip(f.downstream, f.downstream_lo, f.downstream_hi)],
@@ -306,7 +314,7 @@ def kinds_table(study: dict, group: str = "methods"):
     f = f[f.group == group]
     import pandas as pd
 
-    out = {"variant": [name(v) for v in f.variant], "scale": [f"{x:.3g}" for x in f.scale]}
+    out = {"variant": [name(v) for v in f.variant], "scale": [scale_str(x) for x in f.scale]}
     for k in KINDS:
         c = f"R:{k}"
         if c in f:
@@ -450,11 +458,11 @@ def precision(study: dict):
     rows = []
     for r in p.itertuples():
         if r.metric.startswith("answered alike"):
-            rows.append({"variant": name(r.variant), "scale": f"{r.scale:.3g}", "measure": r.metric,
+            rows.append({"variant": name(r.variant), "scale": scale_str(r.scale), "measure": r.metric,
                          "seeds": int(r.seeds), "bf16 − float32 [95 %]": f"{100 * r.diff:.1f} % of questions"})
         else:
             d = 3 if r.metric == "downstream" else 1
-            rows.append({"variant": name(r.variant), "scale": f"{r.scale:.3g}",
+            rows.append({"variant": name(r.variant), "scale": scale_str(r.scale),
                          "measure": {"downstream": "downstream accuracy", "R": "R, multimodal (%)",
                                      "R_probe": "R, text probe (%)"}.get(r.metric, r.metric),
                          "seeds": int(r.seeds), "bf16 − float32 [95 %]": _fmt(r.diff, r.lo, r.hi, d, signed=True)
@@ -469,7 +477,7 @@ def tuning(study: dict):
         return _empty("no tuning run yet")
     import pandas as pd
 
-    return pd.DataFrame({"variant": [name(v) for v in t.variant], "scale": [f"{x:.3g}" for x in t.scale],
+    return pd.DataFrame({"variant": [name(v) for v in t.variant], "scale": [scale_str(x) for x in t.scale],
                          "rate": [f"{x:.2g}" for x in t.lr], "tuning seeds": t.seeds.astype(int),
                          "validation downstream": t.val_downstream.round(3), "validation R (%)": t.val_R.round(1),
                          "validation H": t.val_H.round(1), "rank": t["rank"].astype(int),
@@ -597,7 +605,7 @@ def panel_run(study: dict) -> dict:
     (live mask re-selection) with no per-variant results table (the fronts are shown by the figures)."""
     import pandas as pd
 
-    return {"results": pd.DataFrame(), "run_dir": study["path"]}
+    return {"results": pd.DataFrame(columns=["group", "variant", "downstream", "R", "E", "H"]), "run_dir": study["path"]}
 
 
 README_HEADING = "## What the offline AWARe default measures"
@@ -610,7 +618,7 @@ def readme_section(study: dict) -> str:
     cfg = m["config"]
     state = ("complete" if m.get("complete", True) else
              "in progress: the tables cover the runs finished so far, and `lab aware study --status` says how far it is")
-    scales = ", ".join(f"{x:.3g}" for x in cfg["scales"])
+    scales = ", ".join(scale_str(x) for x in cfg["scales"])
     parts = [README_HEADING, "",
              f"The shipped study traces each method's *learning-rate front* on the mini-LLaVA: `{cfg['task']}` questions, "
              f"{cfg['steps']} steps x {cfg['batch_size']}, the method's base recipe (its language-model or adapter "
