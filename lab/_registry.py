@@ -4,8 +4,10 @@ Modelled on timm's ``register_model`` / ``create_model``: registration is cheap 
 function), the heavy work happens only when ``create`` is called.
 
 Installed packages add entries through entry points (:mod:`lab.plugins`, docs/plugins.md): the
-first lookup (``names``, ``get``, ``info``, ``check``, ``create``, ``in``) loads them, so ``import
-lab`` and ``lab --help`` stay cheap. Each entry remembers where it came from (:meth:`source`).
+first lookup that needs them (``names``, or ``get``, ``info``, ``check``, ``create``, ``in`` of a
+name that is not a built-in) loads them, so ``import lab``, ``lab --help`` and a command that uses
+only built-in entries import no plugin. A plugin can never replace a built-in entry. Each entry
+remembers where it came from (:meth:`source`).
 """
 from __future__ import annotations
 
@@ -20,6 +22,13 @@ def _same_definition(a: object, b: object) -> bool:
     return key(a) == key(b) and key(a)[1] not in (None, "<lambda>")
 
 
+def _same_file(a: object, b: object) -> bool:
+    """Two functions written in the same file (a built-in's module reloaded), judged by their code,
+    not by ``__module__``/``__qualname__``, which ``functools.wraps`` copies onto a wrapper."""
+    code = lambda f: getattr(getattr(f, "__code__", None), "co_filename", None)  # noqa: E731
+    return code(a) == code(b)
+
+
 class Registry:
     def __init__(self, kind: str):
         self.kind = kind
@@ -32,8 +41,10 @@ class Registry:
         """Record ``fn`` under ``name``. Registering the same definition again (same module and
         qualified name: a notebook cell run twice) replaces it; any other second use of a name raises."""
         def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-            if name in self._entries and not _same_definition(self._entries[name], fn):
-                raise ValueError(f"{self.kind} {name!r} is registered twice")
+            if plugins.abandoned(fn):        # a plugin whose import ran past its bound, finishing late
+                return fn
+            if name in self._entries:
+                self._refuse_clash(name, fn)
             self._entries[name] = fn
             self._info[name] = dict(info)
             self._source[name] = plugins.origin(fn)
@@ -41,6 +52,22 @@ class Registry:
             return fn
 
         return deco
+
+    def _refuse_clash(self, name: str, fn: Callable[..., Any]) -> None:
+        """A second use of ``name`` is allowed only for the same definition again, never from a plugin
+        and never over a built-in from another file (a plugin cannot remove or shadow a built-in)."""
+        old, src = self._entries[name], self._source.get(name)
+        if plugins.loading() is not None:
+            whose = "a built-in" if src == "built-in" else f"already registered by {src}"
+            raise ValueError(f"{self.kind} {name!r} is {whose}; a plugin cannot replace it (choose another name)")
+        if src == "built-in" and not (_same_definition(old, fn) and _same_file(old, fn)):
+            raise ValueError(f"{self.kind} {name!r} is a built-in; it cannot be replaced (choose another name)")
+        if not _same_definition(old, fn):
+            raise ValueError(f"{self.kind} {name!r} is registered twice")
+
+    def _builtin(self, name: object) -> bool:
+        """A built-in entry: answered without loading any plugin (none can take its name)."""
+        return isinstance(name, str) and self._source.get(name) == "built-in"
 
     def _load_plugins(self) -> None:
         if not self._plugins_loaded:
@@ -74,6 +101,8 @@ class Registry:
 
     def check(self, name: str) -> str:
         """Return ``name`` if registered, else raise a KeyError that lists the valid names."""
+        if self._builtin(name):
+            return name
         self._load_plugins()
         if name not in self._entries:
             valid = ", ".join(self._entries)
@@ -84,5 +113,7 @@ class Registry:
         return self._entries[self.check(name)](**kwargs)
 
     def __contains__(self, name: object) -> bool:
+        if self._builtin(name):
+            return True
         self._load_plugins()
         return name in self._entries

@@ -15,10 +15,15 @@ aware method    continual_lab.aware_methods   lab.aware.methods (``METHODS``)
 
 An entry point's value is a module (importing it runs its ``@register(...)`` decorators, the same
 ones the built-in entries use) or a ``module:function`` taking the registry (``register(registry)``).
-A registry loads its group on its first lookup, so ``import lab`` imports no plugin. Every entry a
-plugin adds is checked against its kind's contract right then; a plugin that fails to import, breaks
-the contract or adds nothing is skipped with ONE line on stderr naming its package and entry point
-(kept in :data:`skipped`), and everything else keeps working.
+A registry loads its group on its first lookup of a name that is not a built-in (or its first
+listing), so ``import lab``, ``lab --help`` and commands that use built-in entries only import no
+plugin. A plugin's import is contained: it runs with ``sys.argv`` holding the program name only, in a
+thread bounded by ``$LAB_PLUGIN_TIMEOUT`` seconds (default 10), its output kept apart. Every entry a
+plugin adds is checked against its kind's contract right then; a plugin that fails to import (an
+exception, ``SystemExit``, an import past the bound), breaks the contract, takes a name already in
+use (a built-in's above all: it stays) or adds nothing is skipped with ONE line on stderr naming its
+package and entry point (kept in :data:`skipped`), and everything else keeps working. A plugin
+entry's ``available()`` that raises answers "no" with the reason.
 
 This module imports nothing heavy (the command line's ``--help`` reads :class:`Names` from it).
 """
@@ -82,6 +87,12 @@ def check_backbone(name: str, obj: Any, info: dict) -> None:
         raise ValueError("registry info 'resolution_range' must be (lowest, highest, multiple) in px")
     if not (isinstance(info["feature_dim"], int) and info["feature_dim"] > 0):
         raise ValueError("registry info 'feature_dim' must be a positive integer")
+    arch = info["arch"]
+    if not (isinstance(arch, (tuple, list)) and len(arch) == 2 and isinstance(arch[0], str)
+            and isinstance(arch[1], dict)):
+        raise ValueError("registry info 'arch' must be (timm model name, {keyword arguments})")
+    if info.get("params") is not None and not (isinstance(info["params"], int) and info["params"] > 0):
+        raise ValueError("registry info 'params' must be a positive integer")
     _flags(info, "untrained")
 
 
@@ -189,17 +200,29 @@ def _dist(ep) -> str:
     return (dist.metadata["Name"] if dist is not None else None) or ep.value.split(":")[0].split(".")[0]
 
 
+def _in_lab(fn: Any, mod: str) -> bool:
+    """``fn`` is written in a file of this package (its code's file, not the ``__module__`` that
+    ``functools.wraps`` copies onto a plugin's wrapper)."""
+    import os
+
+    code = getattr(fn, "__code__", None)
+    where = code.co_filename if code is not None else getattr(sys.modules.get(mod), "__file__", None)
+    here = os.path.dirname(os.path.abspath(__file__))
+    return bool(where) and os.path.abspath(where).startswith(here + os.sep)
+
+
 def origin(fn: Any) -> str:
     """Where an entry being registered comes from: the lab's own module, the plugin loading, or a module."""
     mod = getattr(fn, "__module__", None) or "?"
-    if mod == "lab" or mod.startswith("lab."):
+    if (mod == "lab" or mod.startswith("lab.")) and _in_lab(fn, mod):
         return "built-in"
     return _loading[-1][0] if _loading else mod
 
 
 def note(reg, name: str) -> None:
-    """Remember an entry a plugin registers (contract check, or removal when the plugin fails)."""
-    if _loading:
+    """Remember an entry a plugin registers (contract check, or removal when the plugin fails); a
+    built-in module the plugin happens to import registers its own entries, never the plugin's."""
+    if _loading and reg._source.get(name) != "built-in":
         _loading[-1][1].append((reg, name))
 
 
@@ -209,12 +232,17 @@ def _drop(reg, name: str) -> None:
 
 
 def load(reg) -> None:
-    """Load the entry points of ``reg``'s kind not loaded yet (its first lookup calls this)."""
+    """Load the entry points of ``reg``'s kind not loaded yet (its first lookup of a name that is not
+    a built-in calls this). The kind's built-in entries are registered first: a plugin can never
+    take one of their names."""
+    import importlib
+
     kind = kind_of(reg)
     if kind is None:
         return
     if reg not in _seen:
         _seen.append(reg)
+    importlib.import_module(KINDS[kind].builtins)
     for ep in entry_points(kind):
         key = (ep.group, ep.name, ep.value, _dist(ep))
         if key not in _loaded:
@@ -222,18 +250,108 @@ def load(reg) -> None:
             _load_one(reg, kind, ep)
 
 
-def _load_one(reg, kind: str, ep) -> None:
+TIMEOUT_ENV = "LAB_PLUGIN_TIMEOUT"
+TIMEOUT = 10.0              # seconds a plugin's import may take (a hung import must not hang the lab)
+_abandoned: set[str] = set()   # top-level modules of plugins whose import ran past the bound
+
+
+def timeout() -> float:
+    """The bound on one plugin's import: ``$LAB_PLUGIN_TIMEOUT`` seconds, else :data:`TIMEOUT`."""
+    import os
+
+    try:
+        value = float(os.environ.get(TIMEOUT_ENV, "") or TIMEOUT)
+    except ValueError:
+        return TIMEOUT
+    return value if value > 0 else TIMEOUT
+
+
+def loading() -> str | None:
+    """The distribution of the plugin being loaded right now (None: no plugin is loading)."""
+    return _loading[-1][0] if _loading else None
+
+
+def abandoned(fn: Any) -> bool:
+    """Whether ``fn`` comes from a plugin whose import ran past the bound (it finished late: what it
+    registers then is ignored)."""
+    mod = getattr(fn, "__module__", None) or ""
+    return mod.split(".")[0] in _abandoned
+
+
+def _contained(ep, reg):
+    """``ep.load()`` (and ``register(reg)`` for a function entry point) as the lab lets a plugin run:
+    in a daemon thread bounded by :func:`timeout`, with ``sys.argv`` holding the program name only
+    (a plugin that parses the command line at import sees none, and cannot change the lab's) and
+    its stdout/stderr kept apart. Returns ``None`` or raises what the plugin raised (SystemExit
+    included), or TimeoutError."""
+    import io
+    import threading
     from types import ModuleType
 
-    dist, added = _dist(ep), []
-    try:
-        _loading.append((dist, added))
+    box: dict = {}
+
+    def target():
         try:
             obj = ep.load()
             if not isinstance(obj, ModuleType) and not any(obj is v for v in reg._entries.values()):
                 if not callable(obj):
                     raise ValueError(f"{ep.value} is neither a module nor a register(registry) function")
                 obj(reg)
+        except BaseException as exc:   # SystemExit, KeyboardInterrupt raised by the plugin itself
+            box["exc"] = exc
+
+    argv, saved = sys.argv, list(sys.argv)
+    out, err, said = sys.stdout, sys.stderr, io.StringIO()
+    sys.argv = [saved[0] if saved else "lab"]
+    sys.stdout = sys.stderr = said
+    bound = timeout()
+    worker = threading.Thread(target=target, name=f"plugin {ep.name}", daemon=True)
+    try:
+        worker.start()
+        worker.join(bound)
+    finally:
+        sys.stdout, sys.stderr = out, err
+        argv[:] = saved
+        sys.argv = argv
+    if worker.is_alive():
+        _abandoned.add(ep.value.split(":")[0].split(".")[0])
+        raise TimeoutError(f"its import took more than {bound:g} s (the bound: ${TIMEOUT_ENV})")
+    exc = box.get("exc")
+    if isinstance(exc, SystemExit):
+        last = [ln for ln in said.getvalue().splitlines() if ln.strip()][-1:]
+        raise RuntimeError(f"SystemExit({exc.code!r}) at import" + (f" after printing {last[0].strip()!r}"
+                                                                     if last else "")) from None
+    if isinstance(exc, KeyboardInterrupt):     # raised by the plugin, not a Ctrl-C (that reaches join())
+        raise RuntimeError("KeyboardInterrupt raised at import") from None
+    if isinstance(exc, BaseException):
+        raise exc
+
+
+def _guard(dist: str, name: str, info: dict) -> None:
+    """A plugin entry's ``available`` function answers (False, why) instead of raising: `lab datasets`
+    and `lab backbones` list every other entry whatever a plugin's check does."""
+    fn = info.get("available")
+    if not callable(fn) or getattr(fn, "_lab_guarded", False):
+        return
+
+    @functools.wraps(fn)
+    def available(*args, **kwargs):
+        try:
+            ok, where = fn(*args, **kwargs)
+            return bool(ok), str(where)
+        except Exception as exc:
+            return False, f"plugin {dist}: available() failed: {type(exc).__name__}: {' '.join(str(exc).split())}"
+
+    available._lab_guarded = True
+    info["available"] = available
+
+
+def _load_one(reg, kind: str, ep) -> None:
+    dist, added = _dist(ep), []
+    try:
+        _loading.append((dist, added))
+        try:
+            _contained(ep, reg)
         finally:
             _loading.pop()
         top = ep.value.split(":")[0].split(".")[0]   # entries its module made before (imported by hand)
@@ -247,13 +365,16 @@ def _load_one(reg, kind: str, ep) -> None:
                     KINDS[k].contract(name, r._entries[name], r._info[name])
                 except ValueError as exc:
                     raise ValueError(f"{k} {name!r} breaks the contract: {exc}") from None
+                _guard(dist, name, r._info[name])
         if not any(src == dist for src in reg._source.values()):
             raise ValueError(f"it registers no {kind} (see docs/plugins.md)")
-    except Exception as exc:   # a broken plugin must not break the lab
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:   # a broken plugin must not break the lab
         for r, name in added:
             _drop(r, name)
         why = " ".join(str(exc).split()) or type(exc).__name__
-        if not isinstance(exc, ValueError):
+        if not isinstance(exc, (ValueError, TimeoutError)) and not why.startswith("SystemExit("):
             why = f"{type(exc).__name__}: {why}"
         line = f"lab: plugin skipped: package {dist}, entry point {ep.name} = {ep.value} ({ep.group}): {why}"
         skipped.append(line)
