@@ -308,8 +308,10 @@ def collect(env: Env, out: Path) -> dict:
         for j in jobs:
             f = runs_dir / f"{key(env.fingerprint, j, cfg)}.json"
             if f.is_file():
-                recs.append({**read_json(f), "key": f.stem, **({"variant": variant_id(j.variant), "seed": j.seed}
-                                                                if isinstance(j, Job) else {})})
+                rec = read_json(f)
+                check_record(f, rec, j)
+                recs.append({**rec, "key": f.stem, **({"variant": variant_id(j.variant), "seed": j.seed}
+                                                       if isinstance(j, Job) else {})})
             else:
                 miss += 1
         return recs, miss
@@ -338,6 +340,36 @@ def collect(env: Env, out: Path) -> dict:
     return {"fronts": fronts, "precision": precision, "tune": tune, "test": _unique(fronts + tests), "continual": conts,
             "points": points,
             "kept": kept, "tuning_rows": rows, "missing": missing, "complete": not any(missing.values())}
+
+
+class BadRun(ValueError):
+    """A run file that is not the run its name says: one line naming the file."""
+
+
+def check_record(path: Path, rec, job) -> None:
+    """A run file read back must be the run its key names: a JSON object with the job's seed and
+    scale, every question set it should answer as a list of 0/1 (a foreign, edited or truncated file
+    is refused by name, never tabulated)."""
+    def bad(why):
+        return BadRun(f"{path}: {why}; delete it and run `lab aware study` again to redo that run")
+
+    if not isinstance(rec, dict):
+        raise bad("not a run record (not a JSON object)")
+    if isinstance(job, ContinualJob):
+        if rec.get("seed") != job.seed or rec.get("method") != job.method or not isinstance(rec.get("rows"), list):
+            raise bad("not this continual sequence's record")
+        return
+    trains = bool(job.scale is not None)
+    if rec.get("seed") != job.seed and trains or rec.get("scale") != job.scale:
+        raise bad(f"holds seed {rec.get('seed')!r} and scale {rec.get('scale')!r}, not the job's {job.seed} and {job.scale}")
+    answers = rec.get("answers")
+    if not isinstance(answers, dict) or not answers:
+        raise bad("holds no answers")
+    for st, a in answers.items():
+        if not isinstance(a, list) or any(x not in (0, 1) for x in a):
+            raise bad(f"its answers to {st!r} are not a list of 0/1")
+    if trains and not isinstance(rec.get("losses"), list):
+        raise bad("holds no per-step losses")
 
 
 def check(env: Env, out: Path, key: str | None = None, *, steps: int | None = None, log=print) -> dict:

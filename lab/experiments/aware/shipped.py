@@ -37,7 +37,24 @@ def status(env, out: Path) -> str:
     return "\n".join(lines)
 
 
-def cost(cfg, res: dict, *, tables_only: bool, wall_s: float) -> tuple[dict, str]:
+def _original_provenance(out: Path, cfg) -> dict | None:
+    """The manifest of the study already in ``out`` when it was made with ``cfg`` (its command,
+    dates, machine and timings must survive a ``--tables-only`` regeneration), else None."""
+    import json
+
+    from lab._io import read_json
+
+    f = Path(out) / "manifest.json"
+    try:
+        m = read_json(f) if f.is_file() else None
+    except Exception:
+        return None
+    if not isinstance(m, dict) or m.get("config") != json.loads(json.dumps(asdict(cfg))):
+        return None
+    return m
+
+
+def cost(cfg, res: dict, *, tables_only: bool, wall_s: float, kept_original: bool = False) -> tuple[dict, str]:
     """What this command did and what the study's runs cost: ``(fields, sentence)`` for the manifest.
     The command's own wall time (``wall_s``: seconds when it only regenerates the tables) is told apart
     from the runs' (each distinct run once), set against the preset's budget (:data:`BUDGETS`), with
@@ -55,6 +72,9 @@ def cost(cfg, res: dict, *, tables_only: bool, wall_s: float) -> tuple[dict, str
     complete = bool(res.get("complete", True))
     h = lambda x: f"{x / 3600:.1f} h"  # noqa: E731
     words = [(f"These tables were regenerated from the {acc['count']} finished runs in runs/, running none "
+              f"({wall_s:.0f} s; the last entry of `regenerations` describes it; `command`, `started`, `finished`, "
+              "`wall_s` and `machine` are the study's own)." if kept_original else
+              f"These tables were regenerated from the {acc['count']} finished runs in runs/, running none "
               f"({wall_s:.0f} s; the `command`, `wall_s` and `machine` fields describe this regeneration)." if tables_only
               else f"This command ran what was missing and wrote the tables in {h(wall_s)} (`wall_s`; `machine`: "
               "where the tables were written)."),
@@ -94,10 +114,78 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
     out = Path(out)
     from lab.experiments.aware.study_views import seed_caches
 
+    if status_only:     # reads run files only: no model, no data
+        return {"status": status(light_env(cfg, out, device), out)}
+    with study_lock(out):
+        return _run_locked(cfg, out, command=command, cache_dir=cache_dir, device=device, progress=progress, log=log,
+                           executor=executor, address=address, workers=workers, tables_only=tables_only,
+                           t_start=t_start, started=started)
+
+
+def light_env(cfg, out: Path, device: str | None = None):
+    """An :class:`~lab.experiments.aware.runner.Env` for reading a study's run files without a model:
+    its fingerprint, and the base model's answers when the study stored them."""
+    from lab._io import read_json
+    from lab.experiments.aware import runner
+    from lab.experiments.aware.plan import data_fingerprint
+
+    dev = device or "cpu"
+    if device is None:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+
+            dev = "cuda" if torch.cuda.is_available() else "cpu"
+    fp = data_fingerprint(cfg, dev)
+    f = Path(out) / "saliency" / f"{fp}-base-answers.json"
+    base = read_json(f) if f.is_file() else {}
+    return runner.Env(None, None, cfg, base, {}, fp, source_hashes()["sha256"])
+
+
+class StudyBusy(RuntimeError):
+    """Another process is running a study in the same folder."""
+
+
+def study_lock(out: Path):
+    """An exclusive lock on ``out/.study.lock`` for the whole command: a second ``lab aware study`` on
+    the same folder stops at once with one line instead of racing the first one's files."""
+    import contextlib
+    import fcntl
+    import os
+
+    @contextlib.contextmanager
+    def held():
+        Path(out).mkdir(parents=True, exist_ok=True)
+        f = open(Path(out) / ".study.lock", "a+")
+        try:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                who = f.read().strip() or "another process"
+                raise StudyBusy(f"{out}: another `lab aware study` ({who}) is writing this study folder; wait for it "
+                                "to finish (or stop it), or give another --out") from None
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()}")
+            f.flush()
+            yield
+        finally:
+            f.close()
+    return held()
+
+
+def _run_locked(cfg, out: Path, *, command, cache_dir, device, progress, log, executor, address, workers,
+                tables_only, t_start, started) -> dict:
+    import datetime
+
+    from lab._io import write_json
+    from lab.experiments.aware import runner
+    from lab.experiments.aware.study_views import seed_caches
+
     seed_caches(out, cache_dir)    # the study's own aligned projector, where this cache lacks it
     env = runner.build_env(cfg, cache_dir=cache_dir, device=device, progress=progress, store=out / "saliency")
-    if status_only:
-        return {"status": status(env, out)}
     kw = dict(executor=executor, address=address, workers=workers, log=log if progress else None)
     res = runner.run_all(env, out, **kw) if not tables_only else runner.collect(env, out)
     from lab.experiments.aware import study_tables
@@ -131,10 +219,12 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
     from lab import _manifest
 
     wall_s = time.perf_counter() - t_start
-    runs, spent = cost(cfg, res, tables_only=tables_only, wall_s=wall_s)
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    original = _original_provenance(out, cfg) if tables_only else None
+    runs, spent = cost(cfg, res, tables_only=tables_only, wall_s=wall_s, kept_original=original is not None)
     manifest = {
         "command": command, "tables_only": bool(tables_only), "config": asdict(cfg), "started": started,
-        "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "finished": now,
         "wall_s": wall_s, "timings": res.get("timings", {}),
         "compute_s": runs["run_s"], "runs": runs,     # every distinct run once (see cost)
         "machine": machine(), "sources": source_hashes(), "fingerprint": env.fingerprint,
@@ -146,6 +236,12 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
         "sha256": _manifest.digests(out, listed),   # every table's sha256: load_study checks them
         "complete": bool(res.get("complete", True)),
     }
+    if original is not None:   # a regeneration keeps the study's own provenance and records itself beside it
+        regen = {"command": command, "finished": now, "wall_s": wall_s, "machine": machine()}
+        manifest.update({k: original[k] for k in ("command", "started", "finished", "wall_s", "machine", "timings")
+                         if k in original})
+        manifest["tables_only"] = False
+        manifest["regenerations"] = [*original.get("regenerations", []), regen]
     write_json(out / "manifest.json", manifest)
     from lab.experiments.aware import study_views
 

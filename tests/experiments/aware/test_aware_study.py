@@ -262,3 +262,72 @@ def test_check_reruns_a_finished_run_and_finds_the_same_answers(smoke_study, tmp
     assert not runner.check(env, bad, got["key"], log=None)["same"]
     with pytest.raises(ValueError, match="no finished run"):
         runner.check(env, out, "nope", log=None)
+
+
+def test_tables_only_keeps_the_study_provenance_and_records_itself_beside_it(smoke_study, tmp_path):
+    import json
+    import shutil
+
+    res, cache, out = smoke_study
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    before = json.loads((again / "manifest.json").read_text())
+    shipped.run_study(plan.PRESETS["smoke"], again, command="regen", cache_dir=cache, progress=False, tables_only=True)
+    after = json.loads((again / "manifest.json").read_text())
+    for k in ("command", "started", "finished", "wall_s", "machine"):
+        assert after[k] == before[k], k
+    assert [r["command"] for r in after["regenerations"]] == ["regen"]
+    shipped.run_study(plan.PRESETS["smoke"], again, command="regen2", cache_dir=cache, progress=False, tables_only=True)
+    after2 = json.loads((again / "manifest.json").read_text())
+    assert [r["command"] for r in after2["regenerations"]] == ["regen", "regen2"] and after2["command"] == "test"
+
+
+def test_a_second_study_on_one_folder_stops_at_once(smoke_study, tmp_path):
+    import shutil
+
+    res, cache, out = smoke_study
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    with shipped.study_lock(again):
+        with pytest.raises(shipped.StudyBusy, match="another `lab aware study`"):
+            shipped.run_study(plan.PRESETS["smoke"], again, command="x", cache_dir=cache, progress=False,
+                              tables_only=True)
+    shipped.run_study(plan.PRESETS["smoke"], again, command="x", cache_dir=cache, progress=False, tables_only=True)
+
+
+@pytest.mark.parametrize("damage", ["empty list", "another run", "edited answers", "truncated"])
+def test_a_damaged_or_foreign_run_file_is_refused_by_name(smoke_study, tmp_path, damage):
+    import json
+    import shutil
+
+    from lab._io import CorruptFile
+
+    res, cache, out = smoke_study
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    files = sorted((again / "runs").glob("aware-aware-*.json"))
+    f, other = files[0], files[1]
+    rec = json.loads(f.read_text())
+    if damage == "empty list":
+        f.write_text("[]")
+    elif damage == "another run":
+        f.write_text(other.read_text() if json.loads(other.read_text())["seed"] != rec["seed"]
+                     or json.loads(other.read_text())["scale"] != rec["scale"] else json.dumps({**rec, "seed": 99}))
+    elif damage == "edited answers":
+        rec["answers"]["down"] = [2] + rec["answers"]["down"][1:]
+        f.write_text(json.dumps(rec))
+    else:
+        f.write_text(f.read_text()[:50])
+    with pytest.raises((runner.BadRun, CorruptFile), match=f.name):
+        shipped.run_study(plan.PRESETS["smoke"], again, command="x", cache_dir=cache, progress=False, tables_only=True)
+
+
+def test_status_reads_run_files_without_a_model(smoke_study, monkeypatch):
+    res, cache, out = smoke_study
+
+    def no_model(*a, **k):
+        raise AssertionError("--status built the model")
+
+    monkeypatch.setattr(runner, "build_env", no_model)
+    st = shipped.run_study(plan.PRESETS["smoke"], out, cache_dir=cache, progress=False, status_only=True)["status"]
+    assert "complete" in st
