@@ -39,11 +39,16 @@ def test_failing_notebook_exits_nonzero_and_others_still_render(rendered):
 
 
 @pytest.mark.notebook
-def test_html_is_offline_with_plotly_inlined_once(rendered):
+def test_html_is_offline_with_plotly_loaded_once_from_beside_the_reports(rendered):
     _, out, _ = rendered
     page = (out / "a_good.html").read_text()
     assert "plotly-graph-div" in page
-    assert page.count("plotly.js v") == 1, "plotly.js must be inlined exactly once"
+    assert "plotly.js v" not in page, "plotly.js must not be inlined: it is written once beside the reports"
+    name = pipeline.plotlyjs_name()
+    assert page.count(f'src="{name}"') == 1 and (out / name).read_text().count("plotly.js v") == 1
+    assert page.index(f'src="{name}"') < page.index("Plotly.newPlot")   # loaded before any figure draws
+    executed = (out / "a_good.ipynb").read_text()
+    assert "plotly.js v" not in executed and len(executed) < 200_000   # the executed notebook neither
     for needle in ('<script src="http', "<script src='http", 'src="//', "require.js", "mathjax/"):
         assert needle not in page.lower(), needle
     for name in ("a_good", "b_bad"):
@@ -132,7 +137,7 @@ def test_failed_export_leaves_previous_outputs_intact(rendered, tmp_path, monkey
     nbdir, out = _own_copy(rendered, tmp_path)
     before = {p.name: p.read_bytes() for p in out.glob("b_bad.*")}
 
-    def broken(nb):
+    def broken(nb, **kw):
         raise RuntimeError("disk full (simulated)")
 
     monkeypatch.setattr(pipeline, "export_html", broken)
@@ -464,14 +469,21 @@ def test_every_key_the_notebooks_record_has_a_label_and_unit():
     assert not missing, f"keys without a line in lab/report/labels.py LABELS: {missing}"
     for key, (label, unit) in labels.LABELS.items():
         assert label and "_" not in label.replace("A_B", ""), (key, label)
+        assert len(unit) <= labels.UNIT_CHARS, f"{key}: unit {unit!r} is longer than one line of a card"
+
+
+def test_headline_numbers_are_rounded_to_three_significant_digits():
+    assert [notebook._format(v) for v in (0.6147, 0.001143, 41.532, 1234.5, 7, "x")] == \
+        ["0.615", "0.00114", "41.5", "1,234", "7", "x"]
 
 
 def test_a_card_shows_label_value_and_unit_with_the_key_as_tooltip():
     row = index.metrics_rows({"live_tosca_per_batch_last_acc": "76.1 [73.4, 78.6]", "AWARe: H": "12.5 [1.0, 20.0]",
                               "some_new_key": 3})
-    assert "<th title='live_tosca_per_batch_last_acc'>TOSCA A_B, per-batch routing" in row
-    assert "76.1 [73.4, 78.6]</td><td class='unit'>% correct [95 % Wilson interval" in row
-    assert "<th title='AWARe: H'>AWARe: H</th>" in row                  # words: their own label
+    assert "<th colspan='2' title='live_tosca_per_batch_last_acc'>TOSCA A_B, per-batch routing" in row
+    assert ("76.1 [73.4, 78.6]</td><td class='unit' title='% correct, with its 95 % Wilson interval over the "
+            "test images'>%, 95 % Wilson</td>") in row                 # a short unit, the whole of it as tooltip
+    assert "<th colspan='2' title='AWARe: H'>AWARe: H</th>" in row      # words: their own label
     assert ">some new key</th>" in row and ">live_tosca" not in row      # never a raw key as the label
 
 

@@ -1,4 +1,5 @@
-"""Atomic writes with the usual file modes (mkstemp makes 0600 files; reports are for reading)."""
+"""Atomic writes with the usual file modes (mkstemp makes 0600 files; reports are for reading), and
+the checkout the reports are built from."""
 from __future__ import annotations
 
 import os
@@ -18,3 +19,9 @@ def write_text(path: Path, text: str) -> Path:
     from lab._io import atomic_write
 
     return atomic_write(path, lambda p: readable(p).write_text(text, encoding="utf-8"))
+
+
+def repo_root() -> Path:
+    """The checkout ``lab`` was installed from when it has ``notebooks/``, else the working dir."""
+    here = Path(__file__).resolve().parents[2]
+    return here if (here / "notebooks").is_dir() else Path.cwd()

@@ -16,6 +16,11 @@ cores or more (--jobs), each kernel with its share of the cores; a notebook that
 another one fills names it in its metadata ("continual-lab" -> "after") and starts once that one
 has finished. A failing notebook is still rendered (with the failing cell marked), the others
 still run, and the command exits with status 1.
+
+plotly.js is written once, to reports/assets/, and every page loads it from there (still offline);
+reports/glossary.html is docs/glossary.md, linked from every page. With --solutions the same run
+also writes reports/solutions/: each notebook's page with its exercises' solutions, for the teacher
+(the pages beside the index never hold a solution: hand out reports/ without that folder).
 """
 
 
@@ -65,7 +70,7 @@ def _cmd(args: argparse.Namespace) -> int:
         overrides = dict(parse_override(p) for p in args.parameter)
         results = render(args.notebooks, args.out, profile=args.params, only=args.only,
                          overrides=overrides, png=not args.no_png, kernel=args.kernel,
-                         timeout=args.timeout, jobs=args.jobs)
+                         timeout=args.timeout, jobs=args.jobs, solutions=args.solutions)
     except ParamsError as exc:
         print(f"lab report: error: {exc}", file=sys.stderr)
         return 2
@@ -105,4 +110,7 @@ def register(subparsers) -> None:
     p.add_argument("--jobs", type=int, metavar="N",
                    help="notebooks rendered side by side, each kernel with cores/N threads (default: 2 on "
                         "2 or more cores, else 1); a notebook starts after those its metadata names")
+    p.add_argument("--solutions", action="store_true",
+                   help="also write each notebook with its exercises' solutions into OUT/solutions/ "
+                        "(for the teacher; the reports beside the index never show them)")
     p.set_defaults(func=_cmd)

@@ -130,7 +130,8 @@ padding:0 1rem;color:#1f2328;background:#f6f8fa}h1{margin-bottom:.2rem}.sub{colo
 .badge{display:inline-block;border-radius:1rem;padding:0 .6rem;font-size:.8rem;font-weight:600;margin-right:.4rem}
 .ok{background:#dafbe1;color:#116329}.failed{background:#ffebe9;color:#a40e26}.missing{background:#eaeef2;color:#57606a}
 table{border-collapse:collapse;margin:.6rem 0}td,th{padding:.15rem .8rem .15rem 0;text-align:left}
-td{font-variant-numeric:tabular-nums}td.unit{color:#57606a;font-size:.8rem}th{font-weight:500}pre{background:#f6f8fa;padding:.5rem;overflow:auto;font-size:.8rem}
+td{font-variant-numeric:tabular-nums;padding-left:.8rem}td.unit{color:#57606a;font-size:.8rem;white-space:nowrap}
+th{font-weight:500;padding-top:.35rem}.top a{margin-right:1rem}pre{background:#f6f8fa;padding:.5rem;overflow:auto;font-size:.8rem}
 .err{color:#a40e26;font-weight:600}.figs img{max-width:48%;border:1px solid #d0d7de;margin:.2rem .2rem 0 0}
 .links a{margin-right:.8rem}.meta{color:#57606a;font-size:.85rem}
 .run-note{background:#fff8c5;border:1px solid #d4a72c;border-radius:6px;padding:.5rem .8rem}
@@ -138,15 +139,16 @@ td{font-variant-numeric:tabular-nums}td.unit{color:#57606a;font-size:.8rem}th{fo
 
 
 def metrics_rows(metrics: dict[str, Any]) -> str:
-    """Table rows of headline numbers: the label, the value, its unit (:mod:`lab.report.labels`);
-    the recorded key is the label's tooltip."""
-    from lab.report.labels import label
+    """Table rows of headline numbers: the label on a line of its own, then the value and its unit
+    on one line (:mod:`lab.report.labels`: a unit is one short line, its whole explanation the
+    tooltip); the recorded key is the label's tooltip."""
+    from lab.report.labels import label, unit_note
 
     e, rows = html.escape, []
     for k, v in metrics.items():
         name, unit = label(k)
-        rows.append(f"<tr><th title='{e(k)}'>{e(name)}</th><td>{e(_format(v))}</td>"
-                    f"<td class='unit'>{e(unit)}</td></tr>")
+        rows.append(f"<tr><th colspan='2' title='{e(k)}'>{e(name)}</th></tr>"
+                    f"<tr><td>{e(_format(v))}</td><td class='unit' title='{e(unit_note(unit))}'>{e(unit)}</td></tr>")
     return "".join(rows)
 
 
@@ -199,6 +201,14 @@ def _card_html(c: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _top_links(out_dir: Path) -> str:
+    """Links beside the title: the glossary (every term the reports use), when it was written."""
+    from lab.report.glossary import PAGE
+
+    return (f"<p class='top'><a href='{_href(PAGE)}'>glossary: every term the reports use</a></p>"
+            if (Path(out_dir) / PAGE).is_file() else "")
+
+
 def write_index(out_dir: str | Path, notebooks_dir: str | Path | None = None) -> Path:
     """Rebuild ``index.html`` and ``index.json`` in ``out_dir`` (atomically).
 
@@ -230,7 +240,7 @@ def write_index(out_dir: str | Path, notebooks_dir: str | Path | None = None) ->
     page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<title>continual-lab reports</title><style>{_CSS}</style></head><body>"
-            f"<h1>continual-lab reports</h1><p class='sub'>{n_ok} of {len(cards)} notebooks rendered without error"
+            f"<h1>continual-lab reports</h1>{_top_links(out_dir)}<p class='sub'>{n_ok} of {len(cards)} notebooks rendered without error"
             f" · notebook wall time {total:.0f} s in all · index built {now} · lab {html.escape(__version__)}</p>"
             f"{banner}<div class='grid'>{''.join(_card_html(c) for c in cards)}</div></body></html>")
     write_text(out_dir / "index.json", json.dumps({"built_at": now, "notebooks": cards}, indent=1, default=str))

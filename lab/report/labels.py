@@ -11,11 +11,21 @@ from __future__ import annotations
 
 import re
 
-# units, as shown after a value
-_WILSON_FRAC = "fraction correct [95 % Wilson interval over the test images]"
-_WILSON_PCT = "% correct [95 % Wilson interval over the test images]"
-_SEEDS_PCT = "% correct, mean ± 95 % t-interval over seeds"
-_UNIT_01 = "0 to 1 (1 = unchanged)"
+# units, as shown after a value: one short line (UNIT_CHARS at most; a test holds it), the whole
+# explanation in UNIT_NOTES (the unit's tooltip) and in docs/glossary.md
+UNIT_CHARS = 26
+_WILSON_FRAC = "fraction, 95 % Wilson"
+_WILSON_PCT = "%, 95 % Wilson"
+_SEEDS_PCT = "%, mean [95 % t, seeds]"
+_UNIT_01 = "linear CKA, 1 = unchanged"
+_INVARIANCE = "1 = invariant, 0 = none"
+UNIT_NOTES = {
+    _WILSON_FRAC: "fraction correct, with its 95 % Wilson interval over the test images",
+    _WILSON_PCT: "% correct, with its 95 % Wilson interval over the test images",
+    _SEEDS_PCT: "% correct: the mean over seeds with its 95 % Student-t interval",
+    _UNIT_01: "0 to 1; 1 = the same similarity structure as before",
+    _INVARIANCE: "1 = the augmented twin is as close as the image itself, 0 = no closer than another image",
+}
 
 LABELS: dict[str, tuple[str, str]] = {
     # 00_quickstart
@@ -28,10 +38,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "best_probe_accuracy": ("Linear-probe accuracy at that stage", _WILSON_FRAC),
     "head_probe_accuracy": ("Linear-probe accuracy at the head (decision point)", _WILSON_FRAC),
     "stem_probe_accuracy": ("Linear-probe accuracy at the stem", _WILSON_FRAC),
-    "photometric_invariance_head": ("Photometric invariance at the head", "index, 1 = as close as the image itself, "
-                                                                          "0 = no closer than another image"),
-    "photometric_invariance_stem": ("Photometric invariance at the stem", "index, 1 = as close as the image itself, "
-                                                                          "0 = no closer than another image"),
+    "photometric_invariance_head": ("Photometric invariance at the head", _INVARIANCE),
+    "photometric_invariance_stem": ("Photometric invariance at the stem", _INVARIANCE),
     "ft_task_accuracy": ("New-task accuracy, full fine-tuning", _WILSON_FRAC),
     "tosca_task_accuracy": ("New-task accuracy, TOSCA", _WILSON_FRAC),
     "ft_cka_head": ("Head features before vs after full fine-tuning (linear CKA)", _UNIT_01),
@@ -40,21 +48,21 @@ LABELS: dict[str, tuple[str, str]] = {
     "other_classes_accuracy_frozen": ("Other classes, prototype accuracy, frozen backbone", _WILSON_FRAC),
     "other_classes_accuracy_ft": ("Other classes, prototype accuracy, after full fine-tuning", _WILSON_FRAC),
     "imagenet_agreement_ft": ("ImageNet top-1 agreement with the original model after full fine-tuning",
-                              "fraction of images [95 % Wilson interval]"),
+                              "fraction, 95 % Wilson"),
     # 02_tosca_sparsity_orthogonality: this notebook's own run, then the shipped study
     "live_tosca_last_acc": ("TOSCA last-stage accuracy A_B, per-sample routing", _WILSON_PCT),
     "live_tosca_oracle_last_acc": ("TOSCA A_B, oracle routing (upper bound)", _WILSON_PCT),
     "live_tosca_per_batch_last_acc": ("TOSCA A_B, per-batch routing (the reference's protocol)", _WILSON_PCT),
-    "live_routing_accuracy_pct": ("Routing accuracy, per-sample, last stage", "% routed to their own task's module "
-                                                                              "[95 % Wilson interval]"),
+    "live_routing_accuracy_pct": ("Routing accuracy, per-sample, last stage: images sent to their own task's "
+                                  "module", _WILSON_PCT),
     "live_simplecil_last_acc": ("SimpleCIL A_B", _WILSON_PCT),
     "live_finetune_last_acc": ("Sequential fine-tuning A_B (lower bound)", _WILSON_PCT),
     "live_joint_last_acc": ("Joint training A_B (upper bound)", _WILSON_PCT),
     "live_per_batch_shuffled_acc": ("TOSCA accuracy, per-batch routing on shuffled batches of 48", _WILSON_PCT),
     "live_seed": ("Seed of this notebook's run", "seed"),
-    "scenario": ("Scenario", "datasets, first task B, classes per task Inc"),
+    "scenario": ("Scenario", "datasets B(first) Inc(k)"),
     "weight_frac_below": ("LuCA weights with |w| < 1e-3, mean over tasks", "fraction"),
-    "gate_mean_departure": ("Mean |gate − 0.5| on each task's own images", "0 to 0.5 (0.5 = fully open or closed)"),
+    "gate_mean_departure": ("Mean |gate − 0.5| on each task's own images (0.5 = fully open or closed)", "0 to 0.5"),
     "overlap_cosine_offdiag": ("Gate overlap between tasks, cosine, mean over task pairs", "−1 to 1"),
     "overlap_jaccard_offdiag": ("Active gate dimensions shared by two tasks, Jaccard, mean over pairs", "0 to 1"),
     "shipped_seeds": ("Seeds in the shipped study's headline (TOSCA under every router, the baselines)", "seeds"),
@@ -63,12 +71,12 @@ LABELS: dict[str, tuple[str, str]] = {
                                              "routing", _SEEDS_PCT),
     "shipped_tosca_ridge_last_acc": ("Shipped study: TOSCA A_B, the authors' global ridge router", _SEEDS_PCT),
     "shipped_ridge_minus_entropy_last_acc": ("Shipped study: A_B of ridge routing minus per-sample entropy, paired "
-                                             "by seed", "points, ± 95 % interval over seeds"),
+                                             "by seed", "points [95 % t, seeds]"),
     "shipped_ranpac_last_acc": ("Shipped study: RanPAC A_B", _SEEDS_PCT),
     # 03_aware_saliency
     "q_top1pct_energy": ("Activation energy in the top 1 % of q neurons, median layer", "% (uniform: 1 %)"),
     "q_half_mass_neurons_pct": ("q neurons that hold half the activation mass, median layer",
-                                "% of the neurons (uniform: 50 %)"),
+                                "% (uniform: 50 %)"),
     "frozen_q_pct": ("q rows AWARe freezes (global ranking)", "% of the q rows"),
     "frozen_k_pct": ("k rows AWARe freezes (global ranking)", "% of the k rows"),
     "frozen_v_pct": ("v rows AWARe freezes (global ranking)", "% of the v rows"),
@@ -100,6 +108,42 @@ def label(key: str) -> tuple[str, str]:
     return key.replace("_", " "), ""    # not in the table: at least no underscores (tests keep notebooks off it)
 
 
+def unit_note(unit: str) -> str:
+    """The whole explanation of a short unit (its tooltip), or the unit itself."""
+    return UNIT_NOTES.get(unit, unit)
+
+
 def unlabelled(keys) -> list[str]:
     """The identifier-like keys the table has no line for."""
     return [k for k in keys if is_raw(k) and k not in LABELS]
+
+
+# Table headers: a column named for code (snake_case) and the header a reader sees instead
+# (lab.report.readable.human; a name not listed here becomes its words, "share_of_model_%" ->
+# "share of model (%)"). Tests check that no rendered report table shows a snake_case header.
+COLUMNS: dict[str, str] = {
+    # 00
+    "feature_dim": "feature dimensions",
+    # 02 and the TOSCA harness
+    "avg_inc_acc": "Ā (%)", "last_acc": "A_B (%)", "routing_accuracy_last": "routing accuracy, last stage",
+    "n_classes": "classes seen", "head_scale": "head scale σ", "frac_below": "fraction |w| < 1e-3",
+    "mean_departure": "mean |gate − 0.5|", "frac_closed": "fraction of gates closed",
+    "weight_frac_below": "LuCA weights |w| < 1e-3 (fraction)", "gate_mean_departure": "mean |gate − 0.5|",
+    "overlap_cosine_mean": "overlap, cosine (mean)", "overlap_jaccard_mean": "overlap, Jaccard (mean)",
+    "accuracy_per_sample": "accuracy, per-sample routing (%)", "routing_accuracy": "routing accuracy",
+    "batch_size": "test batch size", "task_i": "task i", "task_j": "task j",
+    # 03 and the AWARe tables
+    "d_out": "output neurons", "share_of_model_%": "share of the model (%)",
+    "equal_share_s": "equal share 1/√d", "median_s": "median s", "top_s": "largest s",
+    "global_threshold_s": "global threshold (smallest frozen s)", "top1_share": "top 1 % share",
+    "top10_share": "top 10 % share", "half_mass_frac": "neurons for half the mass",
+    "max_over_equal": "largest / equal share", "max_x_uniform": "largest / equal share",
+    "top1%_share": "top 1 % share", "top10%_share": "top 10 % share", "d_in": "input width",
+    "chance_jaccard": "Jaccard by chance", "chance_overlap": "overlap by chance", "neuron_frac": "fraction of neurons",
+    "energy_share": "share of the energy", "calib_n": "calibration samples",
+    "R_easy_vqa": "R easy-VQA (%)", "R_probe": "R probe (%)", "up_easy_vqa": "easy-VQA accuracy",
+    "up_probe": "probe accuracy", "trainable_frac": "trainable fraction", "val_downstream": "validation downstream",
+    "val_R": "validation R", "val_E": "validation E", "val_H": "validation H",
+    # 05
+    "ci95": "95 % half-width",
+}

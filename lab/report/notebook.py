@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+from lab.report.params import METADATA_KEY
+
 METRICS_MIME = "application/vnd.continual-lab.metrics+json"
 # Set by the pipeline in the kernel's environment (see lab.report.pipeline).
 FIGURES_ENV = "LAB_REPORT_FIGURES_DIR"  # folder the PNGs go to; unset = not under `lab report`
@@ -35,33 +37,66 @@ PROFILE_ENV = "LAB_REPORT_PROFILE"  # "report" or "smoke"
 NOTES_FILE = "_notes.txt"  # in the figures folder: why PNGs were skipped, shown in the index
 PNG_TIMEOUT_ENV = "LAB_REPORT_PNG_TIMEOUT"  # seconds one figure export may take (default below)
 PNG_TIMEOUT_S = 60.0  # a figure export (browser start included) taking longer is abandoned
-RENDERER = "plotly_mimetype+lab_offline"
+# plotly.js as a file beside the reports (set by the pipeline): the kernel writes a <script src> to it
+# instead of inlining the 4.8 MB library into every notebook (the value: its path from a report page)
+PLOTLYJS_ENV = "LAB_REPORT_PLOTLYJS"
+PLOTLYJS_KEY = "plotlyjs"      # output metadata under "continual-lab": the script tag to point elsewhere
+SOLUTIONS_ENV = "LAB_REPORT_SOLUTIONS"  # "1": exercises show their solutions (`lab report --solutions`)
+RENDERER = "lab_mimetype+lab_offline"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _png_state: dict[str, Any] = {"disabled_reason": None, "exporter": None}
 
 
-def setup_notebook() -> None:
-    """Make plotly figures survive the HTML export with no network.
+def plotlyjs_tag(src: str) -> str:
+    """The ``<script>`` tags that load plotly.js from ``src`` (a path relative to the page) before
+    any figure of the page draws (a plain script blocks parsing until it has run)."""
+    return ("<script>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>"
+            f"<script src=\"{html.escape(src)}\" charset=\"utf-8\"></script>")
 
-    Sets the default renderer to ``plotly_mimetype`` (JupyterLab's own renderer) plus a copy of
-    plotly's ``notebook`` renderer that does not ask a CDN for MathJax, and emits plotly.js into
-    this cell's output now, once, so every later figure in the exported HTML finds it. Under
-    ``lab report``, progress bars are off in the kernel (:func:`quiet_progress_bars`).
+
+def setup_notebook() -> None:
+    """Make plotly figures survive the HTML export with no network, laid out to fit a report page.
+
+    Sets the default renderer to plotly's ``plotly_mimetype`` (JupyterLab's own renderer) plus a
+    copy of plotly's ``notebook`` renderer that does not ask a CDN for MathJax, both laying every
+    figure out with :func:`lab.report.readable.fit` first (titles wrapped, legends that fit), and
+    shows tables with human column headers (:func:`lab.report.readable.humanize_frame`). plotly.js
+    is loaded in this cell's output, once, so every later figure in the exported HTML finds it:
+    under ``lab report`` as a ``<script src>`` to the copy written beside the reports
+    (``$LAB_REPORT_PLOTLYJS``), elsewhere inlined. Under ``lab report``, progress bars are off in
+    the kernel (:func:`quiet_progress_bars`).
     """
     import plotly.io as pio
-    from plotly.io._base_renderers import NotebookRenderer
+    from plotly.io._base_renderers import NotebookRenderer, PlotlyRenderer
+
+    from lab.report.readable import fit
 
     class _OfflineNotebookRenderer(NotebookRenderer):
         # plotly's HTML renderers hard-code include_mathjax="cdn": one external <script> per figure.
         def to_mimebundle(self, fig_dict):
-            bundle = super().to_mimebundle(fig_dict)
+            bundle = super().to_mimebundle(fit(fig_dict))
             bundle["text/html"] = strip_plotly_mathjax(bundle["text/html"])
             return bundle
 
+        def activate(self):
+            src = os.environ.get(PLOTLYJS_ENV)
+            if not src:
+                return super().activate()
+            from IPython.display import display
+
+            display({"text/html": plotlyjs_tag(src)}, raw=True,
+                    metadata={METADATA_KEY: {PLOTLYJS_KEY: src}})
+
+    class _FittedMimetypeRenderer(PlotlyRenderer):
+        def to_mimebundle(self, fig_dict):
+            return super().to_mimebundle(fit(fig_dict))
+
     pio.renderers["lab_offline"] = _OfflineNotebookRenderer()
+    pio.renderers["lab_mimetype"] = _FittedMimetypeRenderer()
     pio.renderers.default = RENDERER
-    pio.renderers._activate_pending_renderers()  # inline plotly.js here, not in a widget's output
+    pio.renderers._activate_pending_renderers()  # load plotly.js here, not in a widget's output
+    human_tables()
     quiet_progress_bars()
     if os.environ.get(FIGURES_ENV):
         import atexit
@@ -79,6 +114,29 @@ def _exit_now() -> None:
         except Exception:  # noqa: BLE001 - exiting
             pass
     os._exit(0)
+
+
+def human_tables() -> bool:
+    """Tables (pandas DataFrames) shown in this IPython session get human column headers
+    (:func:`lab.report.readable.humanize_frame`); the data is unchanged. Returns whether it could."""
+    try:
+        import pandas as pd
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    if ip is None:
+        return False
+    from lab.report.readable import humanize_frame
+
+    def html_table(df):
+        try:
+            return humanize_frame(df)._repr_html_()
+        except Exception:  # noqa: BLE001 - a table the renaming cannot take: pandas' own HTML
+            return df._repr_html_()
+
+    ip.display_formatter.formatters["text/html"].for_type(pd.DataFrame, html_table)
+    return True
 
 
 def _env_true(name: str) -> bool:
@@ -139,8 +197,10 @@ def _coerce(key: str, value: Any) -> float | int | str:
 
 
 def _format(value: float | int | str) -> str:
+    """A headline number as a reader sees it: three significant digits (0.615, 41.5, 0.0178), whole
+    numbers from 100 on (1234); integers and strings as they are."""
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
     return str(value)
 
 
@@ -179,11 +239,12 @@ def record(metrics: Mapping[str, Any] | None = None, /, **more: Any) -> None:
         if not isinstance(key, str) or not key:
             raise TypeError(f"record(): metric names must be non-empty strings, got {key!r}")
         clean[key] = _coerce(key, value)
-    from lab.report.labels import label
+    from lab.report.labels import label, unit_note
 
     rows = "".join(  # the reader's label and unit (lab.report.labels); the key as the label's tooltip
         f"<tr><th style='text-align:left' title='{html.escape(k)}'>{html.escape(label(k)[0])}</th>"
-        f"<td>{html.escape(_format(v))}</td><td style='color:#57606a'>{html.escape(label(k)[1])}</td></tr>"
+        f"<td>{html.escape(_format(v))}</td><td style='color:#57606a;white-space:nowrap' "
+        f"title='{html.escape(unit_note(label(k)[1]))}'>{html.escape(label(k)[1])}</td></tr>"
         for k, v in clean.items()
     )
     bundle = {

@@ -6,6 +6,13 @@ Per notebook ``NAME.ipynb`` the output folder gets (each written atomically, tem
 * ``NAME.html`` — nbconvert's lab template minus every CDN script (see ``lab/templates/offline``)
 * ``NAME_figures/*.png`` — what the notebook passed to :func:`lab.report.save_png`
 * ``index.html`` / ``index.json`` — rebuilt after every notebook from the executed notebooks
+* ``assets/plotly-VERSION.min.js`` — plotly.js, written once; every page loads it from there
+  (:func:`write_plotlyjs`), so a page holds its figures' data only and still needs no network
+* ``glossary.html`` — ``docs/glossary.md`` (:mod:`lab.report.glossary`); every page links to it
+* with ``solutions``: ``solutions/NAME.html`` (and ``.ipynb``) — the same run with each exercise's
+  solution shown (:mod:`lab.exercises`); the pages beside the index never hold a solution
+
+No page names a folder of the machine it was built on (:mod:`lab.report._paths`).
 
 A failing notebook is still written and exported (papermill marks the failing cell), the others
 still run, and :func:`render` reports it; `lab report` then exits non-zero.
@@ -31,9 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from lab.report import _widgets
+from lab.report import _paths, _widgets
+from lab.report import glossary as _glossary
 from lab.report import notebook as _nbh
-from lab.report._fs import readable, write_text
+from lab.report._fs import readable, repo_root, write_text
 from lab.report._math import MathToMathML
 from lab.report import params as _params
 
@@ -46,6 +54,8 @@ DEFAULT_CELL_TIMEOUT_S = 7200.0  # generous (the report-sized sweeps take minute
 SLOW_CELL_S = 10.0  # a cell running longer than this gets a progress line now and then
 HEARTBEAT_S = 30.0
 ENGINE = "continual-lab"
+ASSETS = "assets"
+SOLUTIONS = "solutions"   # the folder `lab report --solutions` writes the solution pages to
 _EXTERNAL_RE = re.compile(
     r"<(script|link|img|iframe|source|embed|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*[\"']?((?:https?:)?//[^\"'\s>]+)",
     re.IGNORECASE)
@@ -63,12 +73,6 @@ class Result:
     failed_cell: int | None = None    # execution count of the failing cell ("In [n]")
     failed_source: str | None = None
     warnings: list[str] = field(default_factory=list)
-
-
-def repo_root() -> Path:
-    """The checkout ``lab`` was installed from when it has ``notebooks/``, else the working dir."""
-    here = Path(__file__).resolve().parents[2]
-    return here if (here / "notebooks").is_dir() else Path.cwd()
 
 
 def discover(notebooks_dir: Path, only: list[str] | None = None) -> list[Path]:
@@ -186,11 +190,22 @@ def kernel_manager_class(env: dict[str, str] | None = None):
                     return "auto"     # curve where the kernelspec declares it, else as before
 
             base = EncryptedKernelManager
+    class QuietShutdownKernelManager(base):
+        # jupyter_client's shutdown interrupts the kernel (SIGINT) before asking it to stop; a
+        # notebook that finished is idle, so the interrupt only races with the kernel's own message
+        # handling and logs "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel." into a
+        # successful `lab report`. Shutting down, the kernel is asked to stop (and killed after
+        # jupyter_client's wait if it does not); a cell that times out is still interrupted.
+        async def _async_interrupt_kernel(self):
+            if self.shutting_down:
+                return None
+            return await super()._async_interrupt_kernel()
+
     if not env:
-        return base
+        return QuietShutdownKernelManager
     extra = dict(env)
 
-    class NotebookKernelManager(base):
+    class NotebookKernelManager(QuietShutdownKernelManager):
         async def _async_pre_start_kernel(self, **kw):
             kw["env"] = {**kw.get("env", os.environ), **extra}
             return await super()._async_pre_start_kernel(**kw)
@@ -244,20 +259,61 @@ def _register_engine() -> None:
     papermill_engines.register(ENGINE, _Engine)
 
 
-def export_html(nb) -> tuple[str, list[str]]:
-    """Offline HTML for an executed notebook node, and the off-machine references left in it."""
+def _meta(out) -> dict:
+    return (out.get("metadata") or {}).get(_params.METADATA_KEY) or {}
+
+
+def is_solution(out) -> bool:
+    """An output that shows an exercise's solution (:mod:`lab.exercises` marks it)."""
+    return bool(_meta(out).get("solution"))
+
+
+def without_solutions(nb):
+    """A copy of ``nb`` with no output that shows a solution (what a student may see)."""
+    import copy
+
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        if cell.get("outputs"):
+            cell["outputs"] = [o for o in cell["outputs"] if not is_solution(o)]
+    return nb
+
+
+_NAV_CSS = ("<style>.lab-nav{font:14px system-ui,sans-serif;padding:.4rem 1rem;border-bottom:1px solid #d0d7de;"
+            "background:#f6f8fa}.lab-nav a{margin-right:1.2rem}</style>")
+
+
+def _nav(prefix: str, solutions: bool) -> str:
+    what = " · <b>solutions</b> (for the teacher)" if solutions else ""
+    return (f"{_NAV_CSS}<nav class='lab-nav'><a href='{prefix}index.html'>← all reports</a>"
+            f"<a href='{prefix}{_glossary.PAGE}'>glossary</a>{what}</nav>")
+
+
+def export_html(nb, *, prefix: str = "", solutions: bool = False,
+                paths: list[tuple[str, str]] | None = None) -> tuple[str, list[str]]:
+    """Offline HTML for an executed notebook node, and the off-machine references left in it.
+
+    ``prefix``: the way from the page to the reports folder (``""`` beside the index, ``"../"`` in
+    ``solutions/``): plotly.js (written by :func:`write_plotlyjs`), the glossary and the index are
+    linked through it. ``solutions``: keep the outputs that show exercise solutions (dropped
+    otherwise). ``paths``: folders to replace (:func:`lab.report._paths.replacements`)."""
     import copy
 
     from nbconvert import HTMLExporter
 
-    nb = copy.deepcopy(nb)
+    from lab.report.readable import humanize_html_headers
+
+    nb = copy.deepcopy(nb) if solutions else without_solutions(nb)
     math = MathToMathML()
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = math.protect(cell.source)
         for out in cell.get("outputs", []):
             data = out.get("data", {})
-            if _widgets.WIDGET_MIME in data:  # cannot draw offline: final text or a note
+            src = _meta(out).get(_nbh.PLOTLYJS_KEY)
+            if src:  # plotly.js: a script tag to the copy beside the reports, from this page
+                out["data"] = {"text/html": _nbh.plotlyjs_tag(prefix + src)}
+            elif _widgets.WIDGET_MIME in data:  # cannot draw offline: final text or a note
                 out["data"] = {"text/html": _widgets.static_html(data[_widgets.WIDGET_MIME], nb.metadata)}
             elif isinstance(data.get("text/markdown"), str):
                 data["text/markdown"] = math.protect(data["text/markdown"])
@@ -265,11 +321,37 @@ def export_html(nb) -> tuple[str, list[str]]:
     exporter = HTMLExporter(template_name=TEMPLATE, extra_template_basedirs=[str(TEMPLATES)])
     body, _ = exporter.from_notebook_node(nb)
     body = math.restore(_nbh.strip_plotly_mathjax(body))  # (mathjax: figures shown without setup_notebook())
+    body = humanize_html_headers(_glossary.relink(body, prefix))
+    body = re.sub(r"(<body\b[^>]*>)", lambda m: m.group(1) + _nav(prefix, solutions), body, count=1)
+    if paths:
+        body = _paths.scrub(body, paths)
     external = sorted({m.group(2) for m in _EXTERNAL_RE.finditer(body)})
     warnings = [f"requests {url} (will not load offline)" for url in external]
     if math.missing_converter:
         warnings.append("formulas shown as TeX source: install latex2mathml to render them")
     return body, warnings
+
+
+def plotlyjs_name() -> str:
+    """Where plotly.js goes, relative to the reports folder (its version in the name)."""
+    from plotly.offline import get_plotlyjs_version
+
+    return f"{ASSETS}/plotly-{get_plotlyjs_version()}.min.js"
+
+
+def write_plotlyjs(out_dir: Path) -> str:
+    """plotly.js (the copy plotly ships: offline) into ``out_dir``, once: written when missing or
+    different. Returns its path relative to ``out_dir``."""
+    from plotly.offline import get_plotlyjs
+
+    name = plotlyjs_name()
+    path = Path(out_dir) / name
+    text = get_plotlyjs()
+    if not path.is_file() or path.stat().st_size != len(text.encode("utf-8")):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        readable(path.parent)
+        write_text(path, text)
+    return name
 
 
 def _publish_dir(staging: Path, dest: Path) -> None:
@@ -315,14 +397,16 @@ def _load_for_report(running: Path, src: Path, error: str | None):
 def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: dict | None = None,
                png: bool = True, kernel: str | None = None, timeout: float | None = None,
                notes: list[str] | None = None, log: Callable[[str], None] | None = None,
-               threads: int | None = None) -> Result:
+               threads: int | None = None, solutions: bool = False) -> Result:
     """Execute and export one notebook into ``out_dir``; never raises for a notebook's own error.
 
     ``timeout``: seconds a cell may run (default :data:`DEFAULT_CELL_TIMEOUT_S`); ``notes``:
     lines about the run kept with the notebook and shown at the top of the index (e.g. why PNGs
     were skipped); ``log``: where the progress lines go (none when not given); ``threads``: the
     kernel's OpenMP threads (``OMP_NUM_THREADS``, torch's default thread count) when the caller
-    shares the cores between notebooks and the user has not set it.
+    shares the cores between notebooks and the user has not set it; ``solutions``: the exercises
+    show their solutions, written to ``out_dir/solutions/NAME.html`` and ``.ipynb`` (the notebook and
+    page beside the index never hold them).
     """
     import nbformat
     import papermill
@@ -347,7 +431,8 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
     running = Path(running)
     try:
         env = {_nbh.FIGURES_ENV: str(staging), _nbh.PNG_ENV: "1" if png else "0",
-               _nbh.PROFILE_ENV: profile, "TQDM_DISABLE": os.environ.get("TQDM_DISABLE", "1")}
+               _nbh.PROFILE_ENV: profile, "TQDM_DISABLE": os.environ.get("TQDM_DISABLE", "1"),
+               _nbh.PLOTLYJS_ENV: write_plotlyjs(out_dir), _nbh.SOLUTIONS_ENV: "1" if solutions else "0"}
         if threads and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = str(threads)
         try:
@@ -375,10 +460,11 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
                 result.failed_cell, result.failed_source = cell, source
                 result.error = result.error or err
         pm = nb.metadata.get("papermill")
-        if pm:  # papermill recorded our temp path
-            pm["input_path"], pm["output_path"] = str(src), str(out_dir / f"{name}.ipynb")
+        if pm:  # papermill recorded our temp path; a reader knows the notebook by its name
+            pm["input_path"], pm["output_path"] = f"notebooks/{src.name}", f"{name}.ipynb"
         result.metrics = read_metrics(nb)
-        html, result.warnings = export_html(nb)
+        paths = _paths.replacements(out_dir)
+        html, result.warnings = export_html(nb, paths=paths)
         result.seconds = time.perf_counter() - start
         nb.metadata.setdefault(_params.METADATA_KEY, {})["report"] = {
             "profile": profile, "ok": result.ok, "seconds": round(result.seconds, 2),
@@ -389,8 +475,14 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
         }
         # The executed notebook goes last: the index is read from it.
         _publish_dir(staging, out_dir / f"{name}{FIGURES_SUFFIX}")
+        if solutions:
+            folder = out_dir / SOLUTIONS
+            folder.mkdir(exist_ok=True)
+            write_text(folder / f"{name}.html", export_html(nb, prefix="../", solutions=True, paths=paths)[0])
+            write_text(folder / f"{name}.ipynb", _paths.scrub(nbformat.writes(nb), paths))
         write_text(out_dir / f"{name}.html", html)
-        atomic_write(out_dir / f"{name}.ipynb", lambda p: nbformat.write(nb, str(readable(p))))
+        student = _paths.scrub(nbformat.writes(without_solutions(nb)), paths)
+        atomic_write(out_dir / f"{name}.ipynb", lambda p: readable(p).write_text(student, encoding="utf-8"))
         return result
     finally:
         if progress:
@@ -490,7 +582,7 @@ def _remove_own_staging(out_dir: Path) -> None:
 def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None = None, *,
            profile: str = "report", only: list[str] | None = None, overrides: dict | None = None,
            png: bool = True, kernel: str | None = None, timeout: float | None = None,
-           jobs: int | None = None, log: Callable[[str], None] = print) -> list[Result]:
+           jobs: int | None = None, solutions: bool = False, log: Callable[[str], None] = print) -> list[Result]:
     """Render every notebook in ``notebooks_dir`` (default ``<repo>/notebooks``) into ``out_dir``.
 
     Bad input (unknown ``only`` names, unknown parameters) raises :class:`ParamsError` before
@@ -499,6 +591,8 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
     ``log`` line and a note in the index. ``jobs`` notebooks run side by side (default
     :func:`default_jobs`), each kernel with ``cores // jobs`` threads, a notebook only after those
     its metadata names (:func:`after`); the results come back in the notebooks' order.
+    ``solutions``: also write each notebook's exercises with their solutions into
+    ``out_dir/solutions/`` (:func:`render_one`), with an index of them there.
     """
     from lab.report.index import write_index
 
@@ -526,6 +620,8 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
             log(f"removed {path.name}: staging left by a killed run")
     if jobs > 1:
         log(f"{jobs} notebooks at a time, {threads} thread(s) each")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _glossary.write(out_dir)
     results: dict[Path, Result] = {}
     t0 = time.perf_counter()
 
@@ -534,7 +630,7 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
         log(f"[{sources.index(src) + 1}/{len(sources)}] {src.name} ({profile} parameters, kernel {kernel}) ...")
         return render_one(src, out_dir, profile=profile, overrides=overrides, png=png, kernel=kernel,
                           timeout=timeout, notes=notes, log=(lambda line: log(tag + line.lstrip())) if tag else log,
-                          threads=threads)
+                          threads=threads, solutions=solutions)
 
     def finish(src: Path, res: Result) -> None:
         results[src] = res
@@ -544,6 +640,8 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
         for w in res.warnings:
             log(f"      {who}warning: {w}")
         write_index(out_dir, notebooks_dir)
+        if solutions:
+            write_solutions_index(out_dir, notebooks_dir)
 
     try:
         _schedule(sources, jobs, start, finish, deps)
@@ -552,8 +650,25 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
             _remove_own_staging(out_dir)
         raise
     ordered = [results[s] for s in sources]
+    if solutions:
+        log(f"solutions: {out_dir / SOLUTIONS / 'index.html'} (hand out {out_dir} without that folder)")
     log(wall_time_table(ordered, wall=time.perf_counter() - t0 if jobs > 1 else None))
     return ordered
+
+
+def write_solutions_index(out_dir: Path, notebooks_dir: Path | None = None) -> Path:
+    """``solutions/index.html``: a link to each notebook's solution page (for the teacher)."""
+    import html as _html
+
+    folder = Path(out_dir) / SOLUTIONS
+    names = sorted(p.stem for p in folder.glob("*.html") if p.name != "index.html")
+    items = "".join(f"<li><a href='./{_html.escape(n)}.html'>{_html.escape(n)}</a></li>" for n in names)
+    page = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>continual-lab: solutions</title>"
+            f"</head><body style='font:15px system-ui,sans-serif;margin:2rem'>{_nav('../', True)}"
+            f"<h1>Exercise solutions</h1><p>Each notebook's report with every exercise's solution under its "
+            f"checker. The reports one folder up hold none: hand out that folder without this one.</p>"
+            f"<ul>{items}</ul></body></html>")
+    return write_text(folder / "index.html", page)
 
 
 def wall_time_table(results: list[Result], wall: float | None = None) -> str:
