@@ -123,3 +123,22 @@ def test_panels_show_percentages_with_one_decimal():
     assert "(10.0%)" in a.status.value
     a.controls["metric"].value = "downstream"
     assert a.figures[0].data[0].texttemplate != "%{y:.1f}%"          # accuracies keep three decimals
+
+
+def test_mask_panel_layer_slider_spans_the_layers_of_the_target_shown():
+    p = MaskPanel(study(), layer=2)
+    layer = p.controls["layer"]
+    last_q = int(p._layers[p._layers.target == "q_proj"].layer.max())
+    assert layer.max == last_q and layer.value == 2
+    p.controls["show"].value = "projector"                      # two Linears: layers 0 and 1
+    assert layer.max == 1 and layer.value == 1 and p.refreshes == 2   # clamped, one refresh
+    assert len(p.figures) == 3 and "projector, layer 1" in shown(p)[2][0]   # the layer profile is drawn
+    p.controls["show"].value = "q_proj"
+    assert layer.max == last_q and layer.value == 1 and p.error is None
+
+
+def test_ablation_panel_reads_the_same_inputs():
+    """The ablation panel's data inputs are unchanged (its study tables are redesigned elsewhere)."""
+    import inspect
+
+    assert list(inspect.signature(AblationPanel.from_run).parameters) == ["run", "kw"]

@@ -4,7 +4,7 @@ import torch
 
 pytest.importorskip("ipywidgets")
 
-from lab.widgets import PLOTLY_MIME, Panel, StagePanel, ToscaPanel  # noqa: E402
+from lab.widgets import BUSY_CLASS, PLOTLY_MIME, Panel, StagePanel, ToscaPanel  # noqa: E402
 
 
 def shown(panel):
@@ -133,7 +133,7 @@ def test_panel_keeps_running_after_a_failing_update():
     assert p.output.outputs == () and not p.controls["x"].disabled   # no figures; not left "computing…"
     p.controls["x"].value = 3
     assert p.error == "RuntimeError: no threes" and "no threes" in p.status.value and p.result == {"x": 0}
-    assert not p.controls["x"].disabled and p.output.layout.opacity == "1"
+    assert not p.controls["x"].disabled and BUSY_CLASS not in p.output._dom_classes
     p.controls["x"].value = 4
     assert p.error is None and p.result == {"x": 4}
 
@@ -149,12 +149,26 @@ def test_panel_shows_computing_while_it_refreshes_and_writes_no_stray_output(cap
             super().__init__({"n": w.IntSlider(value=2, min=1, max=5)})
 
         def compute(self, n):
-            seen.append((self.status.value, self.controls["n"].disabled, self.output.layout.opacity))
+            seen.append((self.status.value, self.controls["n"].disabled, BUSY_CLASS in self.output._dom_classes))
             return {"n": n}, [go.Figure(go.Bar(y=list(range(n))), layout={"title": f"n={n}"})]
 
     p = Slow()
     p.controls["n"].value = 4
-    assert seen[-1] == ("<i>computing…</i>", True, "0.35")
+    assert seen[-1] == ("<i>computing…</i>", True, True)           # dimmed: a class the browser styles
+    assert BUSY_CLASS not in p.output._dom_classes and f".{BUSY_CLASS}" in p.widget.children[0].value
     assert shown(p) == [("n=4", [{"type": "bar", "y": [0, 1, 2, 3]}])]
     assert not p.controls["n"].disabled and "(0.0 s)" in p.status.value
     assert capsys.readouterr().out == ""  # nothing displayed outside the panel
+
+
+def test_tosca_panel_disables_the_test_batch_for_routers_that_do_not_read_one():
+    p = ToscaPanel(_scenario(), epochs=1, baseline="none")
+    batch = p.controls["batch_size"]
+    assert p.result["routing"] == "per-sample" and batch.disabled and "routes each image on its own" in batch.tooltip
+    assert "batch 48" not in p.status.value and "test batch: not used by per-sample" in p.status.value
+    p.controls["routing"].value = "energy"                      # a per-sample router: the status names no batch
+    assert batch.disabled and "batch" not in p.status.value.split("<br>")[0]
+    p.controls["routing"].value = "per-batch (shuffled)"        # the batch matters: enabled, named
+    assert not batch.disabled and not batch.tooltip and "per-batch (shuffled), batch 48" in p.status.value
+    p.controls["routing"].value = "ridge"
+    assert batch.disabled and p.error is None

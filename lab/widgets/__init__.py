@@ -22,7 +22,12 @@ a browser-triggered callback it lands nowhere, so the panel never redraws. (plot
 costs a few milliseconds and needs nothing extra.)
 
 While a refresh runs, the status line says "computing…", the figures are dimmed and the controls
-are disabled; the status line ends with the seconds the refresh took.
+are disabled; the status line ends with the seconds the refresh took. The dimming is a CSS class on
+the output area (``lab-busy``, added and removed through ipywidgets' synced ``_dom_classes``) and a
+style the panel carries with it (:data:`STYLE`), so the browser really shows it. A control that does
+nothing for the current choice of the others is disabled, its tooltip and the status line say why
+(:meth:`Panel.sync_controls` sets :attr:`Panel.inactive`), and a slider's range follows what it
+indexes (e.g. notebook 03's layer slider spans the layers of the target shown).
 
 Under papermill a panel executes once with its defaults (the offline HTML shows a static note).
 
@@ -51,6 +56,12 @@ __all__ = ["Panel", "figure_output", "PLOTLY_MIME", *_LAZY]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 BUSY = "computing…"
+BUSY_CLASS = "lab-busy"
+# what the browser shows while a panel computes: its figures dimmed (the class is set from the kernel)
+STYLE = ("<style>.lab-panel-output{transition:opacity .15s}"
+         f".lab-panel-output.{BUSY_CLASS}{{opacity:.35}}"
+         ".lab-panel .widget-inline-hbox .widget-label{min-width:5em}"
+         ".lab-panel-hint{color:#57606a;font-size:.9em}</style>")
 
 
 def __getattr__(name):
@@ -70,16 +81,20 @@ def figure_output(fig) -> dict:
     Built directly from the figure — never through IPython's display formatter (see module doc)."""
     import plotly.io as pio
 
-    bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
+    from lab.report.readable import fit
+
+    bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fit(fig.to_dict()))  # titles/legends that fit
     bundle["text/plain"] = f"<plotly figure: {figure_title(fig) or 'untitled'}>"
     return {"output_type": "display_data", "data": bundle, "metadata": {}}
 
 
 class Panel:
     """Base class: subclasses build ``controls`` and implement ``compute(**values) -> (result, figures)``
-    and optionally ``describe(result) -> str`` (the status line, HTML)."""
+    and optionally ``describe(result) -> str`` (the status line, HTML) and ``sync_controls()`` (ranges
+    and :attr:`inactive` controls for the current values, before each compute)."""
 
     title = ""
+    hint = ""    # one line under the controls: how to use one that is not obvious
 
     def __init__(self, controls: dict[str, Any]):
         import ipywidgets as w
@@ -99,6 +114,7 @@ class Panel:
         self.error: str | None = None
         self.seconds = 0.0
         self.refreshes = 0
+        self.inactive: dict[str, str] = {}   # control -> why it does nothing for the current choice
         self._hold = False
         self._widget = None
         for c in controls.values():
@@ -114,16 +130,40 @@ class Panel:
     def describe(self, result) -> str:
         return ""
 
+    def sync_controls(self) -> None:
+        """Adjust controls to the current values before a compute (no refresh fires meanwhile): a
+        slider's range, :attr:`inactive` (name -> why it does nothing now). Default: nothing."""
+
+    def _sync(self) -> None:
+        held, self._hold = self._hold, True
+        try:
+            self.sync_controls()
+        finally:
+            self._hold = held
+        for name, c in self.controls.items():
+            why = self.inactive.get(name, "")
+            if hasattr(c, "tooltip"):
+                c.tooltip = why or None
+
     def _busy(self, on: bool) -> None:
-        """The "computing…" state: a status line, dimmed figures, disabled controls."""
-        for c in (*self.controls.values(), self.reset_button):
-            c.disabled = on
-        self.output.layout.opacity = "0.35" if on else "1"
+        """The "computing…" state: a status line, dimmed figures (the CSS class :data:`BUSY_CLASS`),
+        disabled controls; afterwards only the :attr:`inactive` controls stay disabled."""
+        for name, c in self.controls.items():
+            c.disabled = on or name in self.inactive
+        self.reset_button.disabled = on
         if on:
+            self.output.add_class(BUSY_CLASS)
             self.status.value = f"<i>{BUSY}</i>"
+        else:
+            self.output.remove_class(BUSY_CLASS)
+
+    def _inactive_note(self) -> str:
+        return "".join(f"<br><small>{html.escape(self.controls[k].description or k)}: {html.escape(why)}</small>"
+                       for k, why in self.inactive.items() if k in self.controls)
 
     def refresh(self) -> None:
         t0 = time.perf_counter()
+        self._sync()
         self._busy(True)
         try:
             self.result, self.figures = self.compute(**self.values())
@@ -131,7 +171,8 @@ class Panel:
             self._busy(False)
         self.seconds, self.error = time.perf_counter() - t0, None
         self.refreshes += 1
-        self.status.value = f"{self.describe(self.result)} <small>({self.seconds:.1f} s)</small>"
+        self.status.value = (f"{self.describe(self.result)} <small>({self.seconds:.1f} s)</small>"
+                             f"{self._inactive_note()}")
         # Set the Output widget's contents directly (not `with self.output: display(...)`, which can
         # stall nbclient/papermill on the executing cell, and not `append_display_data(fig)`, which
         # shows plotly figures outside the panel — see the module docstring).
@@ -161,10 +202,11 @@ class Panel:
         import ipywidgets as w
 
         if self._widget is None:
-            head = [w.HTML(f"<b>{self.title}</b>")] if self.title else []
+            head = [w.HTML(STYLE + (f"<b>{self.title}</b>" if self.title else ""))]
+            hint = [w.HTML(f"<span class='lab-panel-hint'>{self.hint}</span>")] if self.hint else []
             self._widget = w.VBox([*head, w.HBox([*self.controls.values(), self.reset_button],
                                                  layout=w.Layout(flex_flow="row wrap")),
-                                   self.status, self.output])
+                                   *hint, self.status, self.output])
             self._widget.add_class("lab-panel")
         return self._widget
 

@@ -32,7 +32,7 @@ class MaskPanel(Panel):
         sets = [t for t in TARGET_SETS if study.layers(t)]
         self._layers = layer_table(study.norms)
         shows = list(dict.fromkeys(self._layers.target))
-        n_layers = int(self._layers[self._layers.target == show].layer.max()) if show in shows else 0
+        n_layers = self._last_layer(show) if show in shows else 0
         super().__init__({
             "rho": w.FloatSlider(value=rho, min=0.0, max=1.0, step=0.05, description="rho", continuous_update=False),
             "rule": w.Dropdown(options=rule_names(), value=rule, description="rule"),
@@ -41,6 +41,20 @@ class MaskPanel(Panel):
             "show": w.Dropdown(options=shows, value=show, description="show"),
             "layer": w.IntSlider(value=layer, min=0, max=n_layers, description="layer", continuous_update=False),
         })
+
+    def _last_layer(self, show: str) -> int:
+        """The last layer index of target ``show`` (the projector has two Linears: 1)."""
+        rows = self._layers[self._layers.target == show]
+        return int(rows.layer.max()) if len(rows) else 0
+
+    def sync_controls(self) -> None:
+        """The layer slider spans the layers of the target shown (a value past the end moves to the last)."""
+        layer = self.controls["layer"]
+        last = self._last_layer(self.controls["show"].value)
+        if layer.value > last:
+            layer.value = last
+        layer.max = last
+        self.inactive = {"layer": "the target shown has one layer"} if last == 0 else {}
 
     def compute(self, rho, rule, profile, targets, show, layer):
         from lab.aware.masking import frozen_fraction

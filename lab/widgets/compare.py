@@ -11,6 +11,8 @@ class RouterComparePanel(Panel):
     :class:`lab.experiments.tosca.compare.Comparison`): no training, milliseconds per change."""
 
     title = "Compare your router with the built-ins you pick (per-seed results already computed)"
+    hint = ("<b>against</b>: Ctrl-click (⌘-click on a Mac) to add or remove one built-in, Shift-click to pick "
+            "a range; a plain click keeps only the one clicked.")
 
     def __init__(self, comparison, *, candidate: str | None = None, against=None, metric: str = "last_acc"):
         import ipywidgets as w
@@ -27,22 +29,36 @@ class RouterComparePanel(Panel):
         super().__init__({
             "candidate": w.Dropdown(options=comparison.candidates, value=candidate, description="yours"),
             "against": w.SelectMultiple(options=comparison.builtins, value=against, description="against",
-                                        rows=min(len(comparison.builtins), 8)),
+                                        rows=min(len(comparison.builtins), 8),
+                                        tooltip="Ctrl-click (⌘-click) to pick several"),
             "metric": w.Dropdown(options=[(label, k) for k, label in METRICS.items()], value=metric,
                                  description="metric"),
         })
+
+    def _chance(self, metric: str) -> float:
+        """What guessing reaches (%): a class among every class (A_B, Ā), a task among the tasks (routing)."""
+        if not hasattr(self, "_classes"):
+            from lab import data
+
+            cfg = self.comparison.config
+            self._classes = sum(data.load_dataset(d).num_classes for d in cfg.datasets)
+            first = cfg.init or cfg.inc
+            self._tasks = 1 + max(0, -(-(self._classes - first) // cfg.inc))
+        return 100 / (self._tasks if metric == "routing_accuracy_last" else self._classes)
 
     def compute(self, candidate, against, metric):
         import plotly.graph_objects as go
 
         from lab.experiments.tosca import compare as C
+        from lab.report.readable import chance_line
 
         against = list(against)
         diffs = C.differences(self.comparison, candidate, against)
         table = C.difference_table(diffs)
         figs = [C.difference_figure(diffs, metric) if against else
                 go.Figure().update_layout(title="pick at least one built-in to compare against", height=200),
-                C.means_figure(self.comparison, [candidate, *against], metric)]
+                chance_line(C.means_figure(self.comparison, [candidate, *against], metric), self._chance(metric),
+                            "chance" if metric != "routing_accuracy_last" else "chance (a task at random)")]
         if len(table):
             figs.append(go.Figure(go.Table(header=dict(values=list(table.columns), align="left"),
                                            cells=dict(values=[table[c] for c in table.columns], align="left")))

@@ -14,6 +14,7 @@ def _routing_choices() -> tuple[str, ...]:
 
 
 ROUTING_CHOICES = _routing_choices()
+BATCHED = ("per-batch (class-ordered)", "per-batch (shuffled)")   # the routings that read a test batch
 BASELINES = ("none", "simplecil", "finetune", "joint")  # lab.experiments.tosca.methods on the same cached features
 
 
@@ -64,6 +65,12 @@ class ToscaPanel(Panel):
                                       continuous_update=False),
             "baseline": w.Dropdown(options=BASELINES, value=baseline, description="baseline"),
         })
+
+    def sync_controls(self) -> None:
+        """The test batch matters only to the per-batch routings: disabled (and said why) for the others."""
+        routing = self.controls["routing"].value
+        self.inactive = {} if routing in BATCHED else {
+            "batch_size": f"not used by {routing}: it routes each image on its own"}
 
     def _train(self, l1: float, epochs: int, sigma: str):
         from dataclasses import replace
@@ -155,7 +162,7 @@ class ToscaPanel(Panel):
         return result, figs
 
     def describe(self, r) -> str:
-        how = r["routing"] if r["routing"] in ("per-sample", "oracle") else f"{r['routing']}, batch {r['batch_size']}"
+        how = f"{r['routing']}, batch {r['batch_size']}" if r["routing"] in BATCHED else r["routing"]
         base = (f"; {r['baseline']} {r['baseline_accuracy']:.1f}%" if r["baseline_accuracy"] is not None else "")
         line = (f"accuracy <b>{r['accuracy']:.1f}%</b>, routing accuracy {r['routing_accuracy']:.1f}% ({how}), "
                 f"oracle {r['oracle_accuracy']:.1f}%{base}; mean |gate-0.5| {r['gate_mean_departure']:.3f}, "
