@@ -76,11 +76,12 @@ def _nb03():
 
 
 def _nb04():
-    runs = pd.DataFrame({"variant": ["methods/aware", "methods/aware", "methods/full", "methods/full", "methods/lora"],
-                         "method": ["aware", "aware", "full", "full", "lora"], "seed": [2, 1, 1, 2, 1],
-                         "R": [95.0, 93.0, 70.0, 72.0, 88.0], "E": [90.0, 92.0, 100.0, 100.0, 85.0],
-                         "R_easy_vqa": [96.0, 94.0, 60.0, 62.0, 86.0], "R_probe": [94.0, 92.0, 80.0, 82.0, 90.0]})
-    baselines = pd.DataFrame({"set": ["downstream:fashion", "downstream:fashion", "easy_vqa"],
+    runs = pd.DataFrame([{"variant": f"methods/{m}", "method": m, "seed": seed, "scale": scale,
+                          "downstream": 0.3 + 0.1 * k, "R": r - 10 * k - seed, "R_easy_vqa": r - 15 * k,
+                          "R_probe": 100 + k}
+                         for m, r in (("full", 95.0), ("lora", 97.0)) for seed in (1, 0)
+                         for k, scale in enumerate((1 / 9, 1 / 3, 1.0, 3.0))])
+    baselines = pd.DataFrame({"set": ["downstream (fashion)", "downstream (fashion)", "easy_vqa"],
                               "reference": ["most common answer", "zero-shot", "most common answer"],
                               "acc": [0.1275, 0.1025, 0.368]})
     return dict(study={"runs": runs, "baselines": baselines})

@@ -1,7 +1,7 @@
 """Exercises of notebook 04 (AWARe ablations): its object ``study`` (the shipped study, as
 ``study_views.load_study`` reads it). They read the per-run table (``study["runs"]``: one row per
-variant and seed with R, E, H) and the floors (``study["baselines"]``), which every version of the
-study's views shows."""
+variant, learning-rate scale and seed, with downstream accuracy and the upstream retention R, per
+skill too) and the floors (``study["baselines"]``), which the study's views show."""
 from __future__ import annotations
 
 from lab.exercises import register
@@ -9,29 +9,31 @@ from lab.exercises import register
 NB = "04_aware_ablations"
 
 
-def _runs(study, method: str):
+def _full(study):
     r = study["runs"]
-    return r[r.method == method]
+    return r[r.method == "full"]
 
 
-@register("04.1", notebook=NB, kind="compute", tol=0.06, prompt="""
-Compute $H = 2RE/(R + E)$ for the AWARe run of the methods group with the **smallest seed**, from its
-own R and E (`study["runs"]`), to one decimal.""", hint="""
-Filter `study["runs"]` to `variant == "methods/aware"`, take the row with the smallest `seed`, then
-apply the formula to its R and E columns.""", why="H is high only when a run both keeps (R) and learns (E).")
-def _h_first_aware(study):
-    r = study["runs"]
-    row = r[r.variant == "methods/aware"].sort_values("seed").iloc[0]
-    return float(2 * row.R * row.E / (row.R + row.E))
+@register("04.1", notebook=NB, kind="compute", tol=0.06, unit="points", prompt="""
+For full fine-tuning on the **smallest seed**, how many points of upstream retention R does it lose
+from its smallest learning rate to its largest (`study["runs"]`: one row per method, rate scale and
+seed)? Answer R at the smallest scale minus R at the largest, to one decimal.""", hint="""
+Filter `study["runs"]` to `method == "full"` and the smallest `seed`, sort by `scale`, and subtract the
+last row's R from the first row's.""", why="A larger rate learns more and keeps less: the front's two ends.")
+def _r_lost_along_the_front(study):
+    f = _full(study)
+    f = f[f.seed == f.seed.min()].sort_values("scale")
+    return float(f.R.iloc[0] - f.R.iloc[-1])
 
 
 @register("04.2", notebook=NB, kind="read", options=("easy-VQA", "probe"), prompt="""
-Which upstream skill does full fine-tuning damage more, on average over its seeds: the visual one
-(easy-VQA) or the text one (the probe)?""", hint="""
-Compare full fine-tuning's mean R per skill (the R easy-VQA and R probe columns of the methods table).""",
-    why="R per skill is the skill's accuracy after over before: the lower one was damaged more.")
+At its base learning rate (scale 1), which upstream skill does full fine-tuning damage more, on
+average over its seeds: the visual one (easy-VQA) or the text one (the probe)?""", hint="""
+Compare full fine-tuning's R per skill at scale 1 (the R easy-VQA and R probe columns): the lower one
+lost more.""", why="R per skill is the skill's accuracy after over before: the lower one was damaged more.")
 def _skill_damaged(study):
-    f = _runs(study, "full")
+    f = _full(study)
+    f = f[(f.scale - 1).abs() < 1e-9]
     return "easy-VQA" if f.R_easy_vqa.mean() < f.R_probe.mean() else "probe"
 
 
@@ -45,10 +47,13 @@ def _majority_floor(study):
     return float(row.acc.iloc[0])
 
 
-@register("04.4", notebook=NB, kind="predict", options=("higher", "lower"), prompt="""
-**Before looking at section 2**, predict: is LoRA's mean R higher or lower than full fine-tuning's?
-Write `guess = "higher"` or `"lower"`, then read section 2 and check.""", hint="""
-LoRA trains a low-rank update beside frozen weights; compare the R bars of the two methods.""",
-    why="R compares each upstream skill after and before: the method that moved them less keeps more.")
-def _lora_vs_full(study):
-    return "higher" if _runs(study, "lora").R.mean() > _runs(study, "full").R.mean() else "lower"
+@register("04.4", notebook=NB, kind="predict", options=("up", "down"), prompt="""
+**Before looking at the learning-rate fronts**, predict: as full fine-tuning's learning rate grows from
+its smallest scale to its largest, does its mean upstream retention R go up or down? Write
+`guess = "up"` or `"down"`, then look and check.""", hint="""
+A larger rate moves the weights further from what they were: compare full fine-tuning's mean R at its
+smallest and largest scale.""", why="R compares each upstream skill after and before: the larger the move, the more is lost.")
+def _r_with_rate(study):
+    f = _full(study)
+    by = f.groupby("scale").R.mean().sort_index()
+    return "down" if by.iloc[-1] < by.iloc[0] else "up"
