@@ -16,8 +16,9 @@ with autograd's to ~1e-6 relative (tests/tosca/test_fused.py): the same maths, o
 in the last digits. benchmarks/bench_tosca_step.py times it against the bare products + update.
 
 The learner takes the eager step where this one does not apply (another flow, another device:
-:func:`covers`) or cannot be built (no C compiler: :func:`why_not_built`, with a warning), and its
-log records which engine ran.
+:func:`covers`) or cannot be had (no C compiler, a compiler that fails or hangs, a cached library
+that fails its checks and cannot be rebuilt: :func:`why_not_built`, said in one line), and its log
+records which engine ran.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def kernels():
     """The compiled kernels (a ``ctypes.CDLL`` with typed functions), or None."""
     global _kernels
     if _kernels is None:
-        lib = _cc.load(SOURCE)
+        lib = _cc.load(SOURCE, symbols=tuple(_SIGNATURES))   # a library without them is never used
         if lib is not None:
             for name, (args, res) in _SIGNATURES.items():
                 fn = getattr(lib, name)
