@@ -19,12 +19,29 @@ _WILSON_PCT = "%, 95 % Wilson"
 _SEEDS_PCT = "%, mean [95 % t, seeds]"
 _UNIT_01 = "linear CKA, 1 = unchanged"
 _INVARIANCE = "1 = invariant, 0 = none"
+_SEEDS_FRAC_DIFF = "fraction [95 % t, seeds]"
+_WEIGHTS_NEAR_ZERO = "|w| < 1e-3, weights only"
+_GATE_DEPARTURE = "0 = every gate at 0.5"
+_JACCARD_EXCESS = "Jaccard [95 % t, seeds]"
+_POINTS_SEEDS = "points [95 % t, seeds]"
 UNIT_NOTES = {
     _WILSON_FRAC: "fraction correct, with its 95 % Wilson interval over the test images",
     _WILSON_PCT: "% correct, with its 95 % Wilson interval over the test images",
     _SEEDS_PCT: "% correct: the mean over seeds with its 95 % Student-t interval",
     _UNIT_01: "0 to 1; 1 = the same similarity structure as before",
     _INVARIANCE: "1 = the augmented twin is as close as the image itself, 0 = no closer than another image",
+    _SEEDS_FRAC_DIFF: "a difference of two accuracies (fractions) computed seed by seed, then its mean with the 95 % "
+                      "Student-t interval over seeds, and the verdict: higher, lower or no difference detected",
+    _WEIGHTS_NEAR_ZERO: "the fraction of the entries of LuCA's four weight matrices (adapter and calibrator, down and up) "
+                        "with |w| < 1e-3, mean over tasks, then the mean over seeds with its 95 % t-interval; the "
+                        "adapter's biases and the LayerNorm are counted apart (they start at 0 and 1)",
+    _GATE_DEPARTURE: "mean |g − 0.5| of the calibrator gates on each task's own images, mean over seeds with its 95 % "
+                     "t-interval; a gate with zero weights is 0.5, where gates start and where L1 pulls them",
+    _JACCARD_EXCESS: "the Jaccard index of two tasks' active gate dimensions (mean over task pairs) minus its "
+                     "permutation null (random sets of the same sizes), mean over seeds with its 95 % t-interval; "
+                     "below 0 = less overlap than chance",
+    _POINTS_SEEDS: "a difference in accuracy points computed seed by seed, then its mean with the 95 % Student-t "
+                   "interval over seeds",
 }
 
 LABELS: dict[str, tuple[str, str]] = {
@@ -35,43 +52,63 @@ LABELS: dict[str, tuple[str, str]] = {
     "cache_hit_seconds": ("The same features again, from the cache", "s"),
     # 01_ventral_vs_prefrontal
     "best_probe_stage": ("Most linearly decodable backbone stage", "stage"),
-    "best_probe_accuracy": ("Linear-probe accuracy at that stage", _WILSON_FRAC),
-    "head_probe_accuracy": ("Linear-probe accuracy at the head (decision point)", _WILSON_FRAC),
-    "stem_probe_accuracy": ("Linear-probe accuracy at the stem", _WILSON_FRAC),
+    "best_probe_accuracy": ("Linear-probe accuracy at that stage (this run, one seed)", _WILSON_FRAC),
+    "head_probe_accuracy": ("Linear-probe accuracy at the head, the decision point (this run, one seed)", _WILSON_FRAC),
+    "stem_probe_accuracy": ("Linear-probe accuracy at the stem (this run, one seed)", _WILSON_FRAC),
     "photometric_invariance_head": ("Photometric invariance at the head", _INVARIANCE),
     "photometric_invariance_stem": ("Photometric invariance at the stem", _INVARIANCE),
-    "ft_task_accuracy": ("New-task accuracy, full fine-tuning", _WILSON_FRAC),
-    "tosca_task_accuracy": ("New-task accuracy, TOSCA", _WILSON_FRAC),
+    "ft_task_accuracy": ("New-task accuracy, full fine-tuning at this notebook's epochs (this run, one seed)",
+                         _WILSON_FRAC),
+    "tosca_task_accuracy": ("New-task accuracy, TOSCA at this notebook's epochs (this run, one seed)", _WILSON_FRAC),
     "ft_cka_head": ("Head features before vs after full fine-tuning (linear CKA)", _UNIT_01),
     "tosca_min_stage_cka": ("Least similar backbone stage before vs after TOSCA (linear CKA)", _UNIT_01),
     "tosca_backbone_bit_identical": ("Backbone bit-identical after TOSCA", "1 = yes, 0 = no"),
-    "other_classes_accuracy_frozen": ("Other classes, prototype accuracy, frozen backbone", _WILSON_FRAC),
-    "other_classes_accuracy_ft": ("Other classes, prototype accuracy, after full fine-tuning", _WILSON_FRAC),
-    "imagenet_agreement_ft": ("ImageNet top-1 agreement with the original model after full fine-tuning",
+    "other_classes_accuracy_frozen": ("Other classes, prototype accuracy, frozen backbone (this run, one seed)",
+                                      _WILSON_FRAC),
+    "other_classes_accuracy_ft": ("Other classes, prototype accuracy, after full fine-tuning (this run, one seed)",
+                                  _WILSON_FRAC),
+    "imagenet_agreement_ft": ("An anecdote, 12 photos: ImageNet top-1 answers kept after full fine-tuning (this run)",
                               "fraction, 95 % Wilson"),
+    "seeds_compared": ("Seeds behind the comparisons over seeds (the run's own seed left out)", "seeds"),
+    "seeds_probe_stage_minus_head": ("Over seeds: linear probe at this run's most decodable stage minus at the head, "
+                                     "paired by seed", _SEEDS_FRAC_DIFF),
+    "seeds_other_classes_ft_minus_frozen": ("Over seeds: other classes' prototype accuracy after full fine-tuning "
+                                            "minus before, paired by seed", _SEEDS_FRAC_DIFF),
+    "seeds_task_ft_minus_tosca": ("Over seeds: new-task accuracy, full fine-tuning minus TOSCA at this notebook's "
+                                  "epochs, paired by seed", _SEEDS_FRAC_DIFF),
     # 02_tosca_sparsity_orthogonality: this notebook's own run, then the shipped study
-    "live_tosca_last_acc": ("TOSCA last-stage accuracy A_B, per-sample routing", _WILSON_PCT),
-    "live_tosca_oracle_last_acc": ("TOSCA A_B, oracle routing (upper bound)", _WILSON_PCT),
-    "live_tosca_per_batch_last_acc": ("TOSCA A_B, per-batch routing (the reference's protocol)", _WILSON_PCT),
+    "live_tosca_last_acc": ("TOSCA last-stage accuracy A_B, per-sample routing (this run, one seed)", _WILSON_PCT),
+    "live_tosca_oracle_last_acc": ("TOSCA A_B, oracle routing, upper bound (this run, one seed)", _WILSON_PCT),
+    "live_tosca_per_batch_last_acc": ("TOSCA A_B, per-batch routing, the reference's protocol (this run, one seed)",
+                                      _WILSON_PCT),
     "live_routing_accuracy_pct": ("Routing accuracy, per-sample, last stage: images sent to their own task's "
-                                  "module", _WILSON_PCT),
-    "live_simplecil_last_acc": ("SimpleCIL A_B", _WILSON_PCT),
-    "live_finetune_last_acc": ("Sequential fine-tuning A_B (lower bound)", _WILSON_PCT),
-    "live_joint_last_acc": ("Joint training A_B (upper bound)", _WILSON_PCT),
-    "live_per_batch_shuffled_acc": ("TOSCA accuracy, per-batch routing on shuffled batches of 48", _WILSON_PCT),
+                                  "module (this run, one seed)", _WILSON_PCT),
+    "live_simplecil_last_acc": ("SimpleCIL A_B (this run, one seed)", _WILSON_PCT),
+    "live_finetune_last_acc": ("Sequential fine-tuning A_B, lower bound (this run, one seed)", _WILSON_PCT),
+    "live_joint_last_acc": ("Joint training A_B, upper bound (this run, one seed)", _WILSON_PCT),
+    "live_per_batch_shuffled_acc": ("TOSCA accuracy, per-batch routing on shuffled batches of 48 (this run, one seed)",
+                                    _WILSON_PCT),
     "live_seed": ("Seed of this notebook's run", "seed"),
     "scenario": ("Scenario", "datasets B(first) Inc(k)"),
-    "weight_frac_below": ("LuCA weights with |w| < 1e-3, mean over tasks", "fraction"),
-    "gate_mean_departure": ("Mean |gate − 0.5| on each task's own images (0.5 = fully open or closed)", "0 to 0.5"),
-    "overlap_cosine_offdiag": ("Gate overlap between tasks, cosine, mean over task pairs", "−1 to 1"),
-    "overlap_jaccard_offdiag": ("Active gate dimensions shared by two tasks, Jaccard, mean over pairs", "0 to 1"),
+    "mech_seeds": ("Seeds in the mechanism study", "seeds"),
+    "mech_weight_near_zero": ("Mechanism study, the reference's L1 and epochs: LuCA weight-matrix entries near zero "
+                              "(fraction; biases and LayerNorm apart)", _WEIGHTS_NEAR_ZERO),
+    "mech_gate_departure": ("Mechanism study, the reference's L1 and epochs: mean |gate − 0.5| (gates start near 0.5)",
+                            _GATE_DEPARTURE),
+    "mech_jaccard_minus_chance": ("Mechanism study, the reference's L1 and epochs: tasks' active gate dimensions "
+                                  "shared, minus chance", _JACCARD_EXCESS),
     "shipped_seeds": ("Seeds in the shipped study's headline (TOSCA under every router, the baselines)", "seeds"),
     "shipped_tosca_per_sample_last_acc": ("Shipped study: TOSCA A_B, per-sample routing", _SEEDS_PCT),
     "shipped_tosca_per_sample_avg_inc_acc": ("Shipped study: TOSCA average incremental accuracy Ā, per-sample "
                                              "routing", _SEEDS_PCT),
-    "shipped_tosca_ridge_last_acc": ("Shipped study: TOSCA A_B, the authors' global ridge router", _SEEDS_PCT),
+    "shipped_tosca_per_batch_last_acc": ("Shipped study: TOSCA A_B, per-batch routing (the reference's protocol)",
+                                         _SEEDS_PCT),
+    "shipped_tosca_ridge_last_acc": ("Shipped study: TOSCA A_B, ridge routing (PRISM's global ridge, not the TOSCA "
+                                     "paper's entropy routing)", _SEEDS_PCT),
+    "shipped_entropy_minus_simplecil_last_acc": ("Shipped study: TOSCA A_B under per-sample entropy minus SimpleCIL's, "
+                                                 "paired by seed", _POINTS_SEEDS),
     "shipped_ridge_minus_entropy_last_acc": ("Shipped study: A_B of ridge routing minus per-sample entropy, paired "
-                                             "by seed", "points [95 % t, seeds]"),
+                                             "by seed", _POINTS_SEEDS),
     "shipped_ranpac_last_acc": ("Shipped study: RanPAC A_B", _SEEDS_PCT),
     # 03_aware_saliency
     "q_top1pct_energy": ("Activation energy in the top 1 % of q neurons, median layer", "% (uniform: 1 %)"),

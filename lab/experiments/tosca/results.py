@@ -8,9 +8,10 @@ flow, initialisation and routing), ``summary.csv`` and ``manifest.json``;
 Each manifest records the sha256 of every table it ships; :func:`load` checks them (one line naming
 the file when anything is wrong: :mod:`lab._manifest`).
 
-Intervals: a mean over seeds carries the 95 % Student-t interval over seeds; a comparison of two
-methods is paired by seed (same class order): the per-seed difference, then its t-interval. A
-difference whose interval spans zero is reported as "no difference detected".
+Intervals follow the lab's one rule (:mod:`lab.stats`): a mean over seeds carries the 95 % Student-t
+interval over seeds; a comparison of two methods is paired by seed (same class order): the per-seed
+difference, then its t-interval. A difference whose interval spans zero is reported as "no difference
+detected".
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .study import t_interval
+from lab import stats as _stats
+
+from .study import t_interval   # lab.stats.t_interval as (mean, half-width)
 
 RESULTS = Path(__file__).resolve().parents[3] / "results" / "tosca"
 REPO = Path(__file__).resolve().parents[3]
@@ -151,7 +154,8 @@ def fmt_diff(mean: float, half: float, digits: int = 1) -> str:
 
 
 def spans_zero(mean: float, half: float) -> bool:
-    return not (half == half) or abs(mean) <= half
+    """The interval ``mean ± half`` holds zero, or there is none (:func:`lab.stats.direction`)."""
+    return _stats.direction(mean - half, mean + half) not in ("higher", "lower")
 
 
 def _select(runs, *, scenario, method="tosca", flow="tosca", init=REF, routing=None):
@@ -242,6 +246,12 @@ def router_table(runs, scenario: str) -> pd.DataFrame:
     return pd.DataFrame(rows).fillna("")
 
 
+# the ridge router's origin, as every sentence that names it says it (lab.tosca.ridge.ORIGIN, copied here so
+# that reading the tables imports no torch; a test holds the two equal)
+RIDGE_ORIGIN = ("a RanPAC-style global ridge router from a follow-up method (PRISM) developed in the repository "
+                "that first published TOSCA's code; the TOSCA paper's own routing is entropy")
+RIDGE_SHORT = ("PRISM's RanPAC-style global ridge, from a follow-up method developed in the repository that first "
+               "published TOSCA's code — not the TOSCA paper's routing, which is entropy")
 HEADLINE_BASELINES = ("simplecil", "ranpac", "fecam")   # what every router of TOSCA is compared with
 HALF_WIDTH_TARGET = 2.5   # points: A_B's 95 % half-width the shipped study aims at for every row
 
@@ -249,7 +259,8 @@ HALF_WIDTH_TARGET = 2.5   # points: A_B's 95 % half-width the shipped study aims
 def comparisons(runs) -> pd.DataFrame:
     """The study's headline comparisons as tidy rows, each a paired difference of A_B (by seed) with
     its 95 % t-interval and a verdict: TOSCA under every router (not the oracle) vs SimpleCIL,
-    RanPAC and FeCAM, and the authors' current ridge router vs the paper's per-sample entropy."""
+    RanPAC and FeCAM, and the ``ridge`` router (:data:`lab.tosca.ridge.ORIGIN`) vs the paper's per-sample
+    entropy."""
     rows = []
     for scn in dict.fromkeys(runs.scenario):
         rs = [r for r in routings(runs) if r != "oracle"]
@@ -505,14 +516,32 @@ def answer(runs, scenario: str) -> str:
     if {"ridge", "per-sample"} <= set(routings(runs)):
         m, h, n = paired(runs, "last_acc", dict(scenario=scenario, routing="ridge"),
                          dict(scenario=scenario, routing="per-sample"))
-        out.append("the authors' current ridge router against the paper's per-sample entropy: A_B "
+        out.append(f"the ridge router ({RIDGE_SHORT}) against the paper's per-sample entropy: A_B "
                    + ("no difference detected" if spans_zero(m, h) else ("higher" if m > 0 else "lower"))
                    + f" ({fmt_diff(m, h).replace(' (no difference detected)', '')}, {n} seeds)")
     same = same_as_entropy(runs, scenario)
     if same:
         out.append(f"{', '.join(same)} gave exactly the per-sample entropy numbers on every seed (its "
                    f"fallback, gated by the winning module's entropy, changed no routing choice)")
+    elif "entropy-ncm" in routings(runs) and "per-sample" in routings(runs):
+        out.append(entropy_fallback(runs, scenario))
     return f"{scenario}: " + "; ".join(out) + "."
+
+
+def entropy_fallback(runs, scenario: str, router: str = "entropy-ncm") -> str:
+    """How often a router that falls back from entropy (``entropy-ncm``) gives per-sample entropy's A_B,
+    seed by seed, and the paired A_B difference: whether its row is a router of its own."""
+    a = _select(runs, scenario=scenario, routing=router)
+    b = _select(runs, scenario=scenario, routing="per-sample")
+    a, b = a.align(b, join="inner", axis=0)
+    same_ab = int((a.last_acc == b.last_acc).sum())
+    same_all = int((a[["avg_inc_acc", "last_acc"]] == b[["avg_inc_acc", "last_acc"]]).all(axis=1).sum())
+    m, h, n = paired(runs, "last_acc", dict(scenario=scenario, routing=router), dict(scenario=scenario, routing="per-sample"))
+    s = (f"{router} gave per-sample entropy's A_B on {same_ab} of {n} seeds (and its Ā too on {same_all}); A_B "
+         f"{router} − per-sample {fmt_diff(m, h, 2)}")
+    if spans_zero(m, h):
+        s += " — no difference detected, so read its row as per-sample entropy's"
+    return s
 
 
 def same_as_entropy(runs, scenario: str) -> list[str]:
@@ -565,7 +594,14 @@ def readme_section(shipped: Shipped) -> str:
         f"a difference whose interval spans zero reads *no difference detected*.",
         "",
         half_width_sentence(runs),
+        "",
+        f"`TOSCA (ridge)` routes with {RIDGE_ORIGIN}. `TOSCA (per-sample)` and `TOSCA (per-batch)` are the paper's "
+        "entropy routing.",
     ]
+    if (shipped.folder / "mechanism" / "manifest.json").is_file():
+        parts += ["", "TOSCA's mechanism — weight sparsity, gate openness and the tasks' active-dimension overlap "
+                      "against chance, over L1 strength and training length — is measured in "
+                      "[mechanism/README.md](mechanism/README.md)."]
     for scn in shipped.scenarios:
         parts += ["", f"## {SCENARIO_NAMES.get(scn, scn)}", "",
                   "TOSCA (reference initialisation) under each router, and the baselines (accuracies in %):", "",
@@ -656,3 +692,58 @@ def _against_seeds(live: float, shipped, seed: int) -> str:
     inside = abs(live - v.mean()) <= half
     return (f"a new seed would fall in {v.mean():.2f} ± {half:.2f} (95 % prediction interval over {len(v)} seeds) — "
             + ("inside" if inside else "!!! OUTSIDE: check the setup !!!"))
+
+
+# --- notebook 02's "What we found", computed ---------------------------------------------------------
+def entropy_vs_floor(runs, scenario: str) -> str:
+    """TOSCA under the paper's per-sample entropy routing against SimpleCIL (prototypes, no training)."""
+    m, h, n = paired(runs, "last_acc", dict(scenario=scenario, routing="per-sample"),
+                     dict(scenario=scenario, method="simplecil"))
+    where = _stats.direction(m - h, m + h)
+    if where == "lower":
+        return (f"under the paper's per-sample entropy routing TOSCA's A_B is {abs(m):.1f} points *below* "
+                f"SimpleCIL's, the training-free floor ({fmt_diff(m, h)}, {n} seeds)")
+    if where == "higher":
+        return f"under per-sample entropy routing TOSCA's A_B is {m:.1f} points above SimpleCIL's ({fmt_diff(m, h)}, {n} seeds)"
+    return f"under per-sample entropy routing TOSCA's A_B and SimpleCIL's differ by {fmt_diff(m, h)} ({n} seeds)"
+
+
+def routing_gap(runs, scenario: str) -> str:
+    """What the modules know (oracle) against what per-sample entropy delivers, paired by seed."""
+    m, h, n = paired(runs, "last_acc", dict(scenario=scenario, routing="oracle"), dict(scenario=scenario, routing="per-sample"))
+    ra = stat(runs, "routing_accuracy_last", scenario=scenario, routing="per-sample")
+    return (f"with the true task's module TOSCA's A_B is {fmt(*stat(runs, 'last_acc', scenario=scenario, routing='oracle'))}, "
+            f"{fmt_diff(m, h)} points above per-sample entropy routing, which sends {fmt(*ra)} % of the test images to "
+            f"their own task's module")
+
+
+def per_batch_sentence(runs, scenario: str) -> str:
+    m, h, n = paired(runs, "last_acc", dict(scenario=scenario, routing="per-batch"), dict(scenario=scenario, routing="per-sample"))
+    sd = {r: float(_select(runs, scenario=scenario, routing=r).last_acc.std(ddof=1)) for r in routings(runs)
+          if r != "oracle"}
+    rank = sorted(sd, key=sd.get, reverse=True).index("per-batch") + 1
+    return (f"per-batch routing (the reference's protocol: one module per class-ordered batch of 48) gives A_B "
+            f"{fmt(*stat(runs, 'last_acc', scenario=scenario, routing='per-batch'))} over {n} seeds, "
+            f"{fmt_diff(m, h)} against per-sample; its A_B spreads {sd['per-batch']:.1f} points (sd) over seeds, "
+            + ("the widest of the " if rank == 1 else f"rank {rank} of the ") + f"{len(sd)} routers (per-sample: "
+            f"{sd['per-sample']:.1f})")
+
+
+def what_we_found(shipped: Shipped, mech=None) -> str:
+    """Markdown bullets for notebook 02's last section, every figure and verdict from the shipped tables."""
+    runs = shipped.runs
+    scns = shipped.scenarios
+    out = ["* **Against the baselines** (" + seeds_phrase(runs) + "): " + "; ".join(
+        f"on {s}, {entropy_vs_floor(runs, s)}" for s in scns) + ". " + " ".join(
+        answer(runs, s).split("; with the true task's")[0] + "." for s in scns)]
+    out.append("* **The gap is routing**: " + "; ".join(f"on {s}, {routing_gap(runs, s)}" for s in scns) + ".")
+    out.append(f"* **Routers**: `ridge` is {RIDGE_ORIGIN}; " + "; ".join(
+        f"on {s}, {entropy_fallback(runs, s)}" for s in scns if "entropy-ncm" in routings(runs)) + ".")
+    out.append("* **Per-batch routing reports a protocol**: " + "; ".join(f"on {s}, {per_batch_sentence(runs, s)}"
+                                                                      for s in scns) + ".")
+    if mech is not None:
+        from . import mechanism_results as MR
+
+        out.append("* **Sparsity and orthogonality** (the mechanism study, sections 4–6): " + MR.headline(mech) + " "
+                   + " ".join(MR.gates_sentence(mech, s) for s in mech.scenarios[:1]))
+    return "\n".join(out)

@@ -121,7 +121,9 @@ def test_ridge_against_entropy_is_a_paired_comparison(study):
     runs = pd.DataFrame(rows).fillna({"flow": "", "head_init": "", "luca_init": ""})
     c = R.comparisons(runs).set_index(["a", "b"]).loc[("TOSCA (ridge)", "TOSCA (per-sample entropy)")]
     assert c["diff"] == pytest.approx(17 / 3) and c.verdict == "TOSCA (ridge) higher"   # 6, 5, 6
-    assert "ridge router against the paper's per-sample entropy: A_B higher (+5.7 ± " in R.answer(runs, "a")
+    text = R.answer(runs, "a")
+    assert "against the paper's per-sample entropy: A_B higher (+5.7 ± " in text
+    assert "the ridge router (PRISM's RanPAC-style global ridge" in text and "not the TOSCA paper's routing" in text
 
 
 def test_stale_sources_are_named(study):
