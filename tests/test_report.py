@@ -480,10 +480,10 @@ def test_headline_numbers_are_rounded_to_three_significant_digits():
 def test_a_card_shows_label_value_and_unit_with_the_key_as_tooltip():
     row = index.metrics_rows({"live_tosca_per_batch_last_acc": "76.1 [73.4, 78.6]", "AWARe: H": "12.5 [1.0, 20.0]",
                               "some_new_key": 3})
-    assert "<th colspan='2' title='live_tosca_per_batch_last_acc'>TOSCA A_B, per-batch routing" in row
-    assert ("76.1 [73.4, 78.6]</td><td class='unit' title='% correct, with its 95 % Wilson interval over the "
-            "test images'>%, 95 % Wilson</td>") in row                 # a short unit, the whole of it as tooltip
-    assert "<th colspan='2' title='AWARe: H'>AWARe: H</th>" in row      # words: their own label
+    assert "<th title='live_tosca_per_batch_last_acc'>TOSCA A_B, per-batch routing" in row
+    assert ("<span class='value nowrap'>76.1 [73.4, 78.6]</span> <span class='unit' title='% correct, with its 95 % Wilson interval over "
+            "the test images'>%, 95 % Wilson</span>") in row            # a short unit, the whole of it as tooltip
+    assert "<th title='AWARe: H'>AWARe: H</th>" in row                  # words: their own label
     assert ">some new key</th>" in row and ">live_tosca" not in row      # never a raw key as the label
 
 

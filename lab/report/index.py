@@ -130,7 +130,8 @@ padding:0 1rem;color:#1f2328;background:#f6f8fa}h1{margin-bottom:.2rem}.sub{colo
 .badge{display:inline-block;border-radius:1rem;padding:0 .6rem;font-size:.8rem;font-weight:600;margin-right:.4rem}
 .ok{background:#dafbe1;color:#116329}.failed{background:#ffebe9;color:#a40e26}.missing{background:#eaeef2;color:#57606a}
 table{border-collapse:collapse;margin:.6rem 0}td,th{padding:.15rem .8rem .15rem 0;text-align:left}
-td{font-variant-numeric:tabular-nums;padding-left:.8rem}td.unit{color:#57606a;font-size:.8rem;white-space:nowrap}
+td{font-variant-numeric:tabular-nums;padding-left:.8rem}.nowrap{white-space:nowrap}
+.unit{color:#57606a;font-size:.8rem;white-space:nowrap;margin-left:.4rem}
 th{font-weight:500;padding-top:.35rem}.top a{margin-right:1rem}pre{background:#f6f8fa;padding:.5rem;overflow:auto;font-size:.8rem}
 .err{color:#a40e26;font-weight:600}.figs img{max-width:48%;border:1px solid #d0d7de;margin:.2rem .2rem 0 0}
 .links a{margin-right:.8rem}.meta{color:#57606a;font-size:.85rem}
@@ -140,15 +141,17 @@ th{font-weight:500;padding-top:.35rem}.top a{margin-right:1rem}pre{background:#f
 
 def metrics_rows(metrics: dict[str, Any]) -> str:
     """Table rows of headline numbers: the label on a line of its own, then the value and its unit
-    on one line (:mod:`lab.report.labels`: a unit is one short line, its whole explanation the
-    tooltip); the recorded key is the label's tooltip."""
+    (:mod:`lab.report.labels`: a unit is one short line, never wrapped, its whole explanation the
+    tooltip; it moves under the value when both do not fit); the recorded key is the label's tooltip."""
     from lab.report.labels import label, unit_note
 
     e, rows = html.escape, []
     for k, v in metrics.items():
         name, unit = label(k)
-        rows.append(f"<tr><th colspan='2' title='{e(k)}'>{e(name)}</th></tr>"
-                    f"<tr><td>{e(_format(v))}</td><td class='unit' title='{e(unit_note(unit))}'>{e(unit)}</td></tr>")
+        shown = _format(v)   # a number (with its interval) stays on one line; a longer text may wrap
+        rows.append(f"<tr><th title='{e(k)}'>{e(name)}</th></tr>"
+                    f"<tr><td><span class='value{' nowrap' if len(shown) <= 24 else ''}'>{e(shown)}</span> "
+                    f"<span class='unit' title='{e(unit_note(unit))}'>{e(unit)}</span></td></tr>")
     return "".join(rows)
 
 
