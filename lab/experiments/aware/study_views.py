@@ -352,10 +352,10 @@ def comparisons(study: dict, names=None, read: str = "retention"):
     rows = []
     for r in c.to_dict("records"):
         if not _finite(r.get("diff")):
-            rows.append({"comparison": f"{name(r['a'])} − {name(r['b'])}", "at": "", "seeds": int(r["seeds"]),
+            rows.append({"comparison": f"{name(r['a'])} − {name(r['b'])}", "read at": "", "seeds": int(r["seeds"]),
                          "difference [95 %]": "", "reading": r["direction"]})
             continue
-        rows.append({"comparison": f"{name(r['a'])} − {name(r['b'])}", "at": _level(r["level"], read),
+        rows.append({"comparison": f"{name(r['a'])} − {name(r['b'])}", "read at": _level(r["level"], read),
                      "seeds": int(r["seeds"]), "difference [95 %]": _fmt(r["diff"], r["lo"], r["hi"], d, signed=True) + unit,
                      "reading": r["direction"]})
     return pd.DataFrame(rows)

@@ -419,76 +419,50 @@ def test_ablation_tradeoff_has_no_text_labels_on_its_points():
 
 def fake_study(complete: bool = False) -> dict:
     """The tables of a partly run study, shaped like lab.experiments.aware.study_views.load_study's:
-    four methods (LoRA and DoRA nearly on top of each other) and one rule of the smoke plan."""
+    two methods' fronts (3 scales, 3 seeds) and one rule's short front."""
     import json
     from dataclasses import asdict
 
-    from lab.experiments.aware import plan
+    from lab.experiments.aware import plan, study_tables
 
-    spec = {"methods/full": ("methods", "full", 60.0, 100.0), "methods/lora": ("methods", "lora", 85.0, 95.0),
-            "methods/dora": ("methods", "dora", 85.2, 94.9), "methods/aware": ("methods", "aware", 95.0, 97.0),
-            "rule/random": ("rule", "random", 70.0, 99.0)}
     rows = []
-    for v, (g, lbl, r, e) in spec.items():
-        for m, x in (("R", r), ("E", e), ("H", 2 * r * e / (r + e)), ("downstream", e / 100)):
-            d = 0.01 if m == "downstream" else 1.0
-            rows.append({"variant": v, "group": g, "label": lbl, "method": lbl, "lr": 1e-4, "trainable_frac": 0.175,
-                         "seeds": 2, "learned": True, "diverged": False, "metric": m, "estimate": x,
-                         "lo": x - d, "hi": x + d})
-    cc = pd.DataFrame([{"a": "aware (paper: upstream saliency)", "b": "full", "metric": m, "estimate": x,
-                        "lo": x - s, "hi": x + s}
-                       for m, x, s in (("Avg", 0.05, 0.04), ("Last", 0.01, 0.02), ("BWT", -0.03, 0.01),
-                                       ("R_after", 12.0, 3.0))])
-    return {"manifest": {"config": json.loads(json.dumps(asdict(plan.PRESETS["smoke"]))), "complete": complete},
-            "summary": pd.DataFrame(rows), "tuning": pd.DataFrame({"variant": ["rho/rho=0"]}),
-            "comparisons": pd.DataFrame(), "continual_comparisons": cc}
+    for v, g, lbl, shift in (("methods/full", "methods", "full", 0.0), ("methods/aware", "methods", "aware", 8.0),
+                             ("rule/random", "rule", "random", 3.0)):
+        for sc, d, r in ((1 / 9, 0.35, 92.0), (1 / 3, 0.62, 75.0), (1.0, 0.74, 40.0)):
+            for seed in (0, 1, 2):
+                rows.append({"variant": v, "group": g, "label": lbl, "method": lbl.replace("random", "aware"),
+                             "scale": sc, "lr": 1e-4 * sc, "lr_projector": 1e-3 * sc, "seed": seed, "precision": "bf16",
+                             "downstream": d + 0.01 * seed, "R": r + shift + seed, "R_probe": 101.0,
+                             "R_easy_vqa": r + shift, "trainable_frac": 0.1, "diverged": False})
+    runs = pd.DataFrame(rows)
+    cfg = json.loads(json.dumps(asdict(plan.PRESETS["smoke"])))
+    cfg.update(seeds=[0, 1, 2], ablation_seeds=3)
+    comps = pd.DataFrame(study_tables.compare_rows(runs, "AWARe vs full fine-tuning", "methods/aware", "methods/full",
+                                                   (0, 1, 2)))
+    return {"manifest": {"config": cfg, "complete": complete}, "runs": runs,
+            "fronts": study_tables.fronts_table(runs, 0.13), "comparisons": comps,
+            "baselines": pd.DataFrame([{"set": "downstream (fashion)", "reference": "most common answer", "acc": 0.13,
+                                        "n": 400}])}
 
 
-def test_study_tradeoff_is_one_legend_entry_per_variant_and_no_text_on_the_points():
+def test_the_plane_is_one_line_per_method_with_intervals_and_no_text_on_the_points():
     from lab.experiments.aware import study_views
 
-    fig = study_views.tradeoff(fake_study())
-    assert [t.name for t in fig.data] == ["full", "lora", "dora", "aware (main)", "random"]
-    assert all(t.mode == "markers" and not t.text for t in fig.data)      # LoRA and DoRA cannot print over each other
-    assert [t.legendgroup for t in fig.data] == ["methods"] * 4 + ["rule"]
-    lora, dora = fig.data[1], fig.data[2]
-    assert lora.marker.symbol != dora.marker.symbol
-    assert "R 85.0% [84.0, 86.0]" in lora.hovertext[0] and "E 94.9%" in dora.hovertext[0]
+    fig = study_views.plane(fake_study())
+    assert [t.name for t in fig.data] == ["AWARe (rho 0.3)", "full fine-tuning"]
+    assert all(t.mode == "lines+markers" and not t.text for t in fig.data)
+    assert all(t.error_x.array is not None and t.error_y.array is not None for t in fig.data)
+    assert "downstream accuracy" in fig.layout.xaxis.title.text and "R (%)" in fig.layout.yaxis.title.text
 
 
-def test_study_views_say_which_groups_and_variants_have_not_run_yet():
-    from lab.experiments.aware import study_views
-
-    st = fake_study()
-    rule = study_views.bars(st, "rule")                                   # partly run: what is missing is named
-    assert rule.data and "not run yet: activation-balanced, weight-norm" in rule.layout.annotations[0].text
-    targets = study_views.bars(st, "targets")                             # not run at all: a placeholder
-    assert not targets.data and targets.layout.title.text == "targets: not run yet"
-    assert "its variant (qkv) has no test run" in targets.layout.annotations[0].text
-    rho = study_views.rho_figure(st)
-    assert not rho.data and "1 of its tuning candidates finished" in rho.layout.annotations[0].text.replace("<br>", " ")
-    assert "%{y:.1f}%" in study_views.bars(st, "methods").data[0].hovertemplate
-    text = prose.describe_study(st)
-    assert "not run yet: methods (2 of 6 variants)" in text and "calibration set (1 of 1 variant)" in text
-
-
-def test_continual_findings_are_one_short_table():
+def test_matched_comparisons_and_the_short_fronts_read_as_words():
     from lab.experiments.aware import study_views
 
     st = fake_study()
-    t = study_views.continual_findings(st)
-    assert list(t.columns) == ["compared (a − b)", "Avg", "Last", "BWT", "R after"] and len(t) == 1
-    row = t.iloc[0]
-    assert row["compared (a − b)"] == "AWARe (paper's protocol) − full fine-tuning"
-    assert row.Avg == "+5.0 [+1.0, +9.0]: a higher" and row.Last.endswith("no difference detected")
-    assert row.BWT.endswith("a lower") and row["R after"] == "+12.0 [+9.0, +15.0]: a higher"   # R points, not x100
-    text = prose.describe_study(st)
-    assert "| compared (a − b) | Avg | Last | BWT | R after |" in text and "+5.0 [+1.0, +9.0]: a higher" in text
-
-
-def test_noise_shows_percent_metrics_with_one_decimal_and_accuracies_with_three():
-    from lab.experiments.aware import study_views
-
-    n = study_views.noise(fake_study())
-    assert n.loc["R", "median 95% width"] == "2.0" and n.loc["downstream", "widest"] == "0.020"
-    assert n.loc["H", "unit"] == "H points" and n.loc["E", "unit"] == "percent"
+    t = study_views.comparisons(st, ["AWARe vs full fine-tuning"])
+    assert set(t.comparison) == {"AWARe (rho 0.3) − full fine-tuning"}
+    assert all(r.endswith("pts") for r in t["difference [95 %]"]) and set(t.reading) == {"higher"}
+    assert "mean over the shared levels" in set(t["read at"])
+    g = study_views.group_plane(st, "rule")
+    assert [tr.name for tr in g.data] == ["AWARe (rho 0.3)", "random rows"]
+    assert study_views.scale_str(1 / 27) == "1/27" and study_views.scale_str(3.0) == "3"

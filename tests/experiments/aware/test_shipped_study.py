@@ -42,9 +42,12 @@ def test_manifest_tells_the_regeneration_from_the_runs_and_states_the_budget(stu
     groups share, is one run); a --tables-only regeneration says so, and the budget is stated."""
     m, recs = study["manifest"], _records()
     r = m["runs"]
-    assert r["count"] == len(recs) and m["compute_s"] == pytest.approx(sum(x["seconds"] for x in recs.values()))
+    if m.get("complete"):
+        assert r["count"] == len(recs) and m["compute_s"] == pytest.approx(sum(x["seconds"] for x in recs.values()))
+    else:       # an incomplete study's runs go on landing after its tables were written
+        assert r["count"] <= len(recs)
     assert r["machine_s"] <= r["run_s"] + 1e-6 and r["concurrent_s"] <= r["machine_s"]
-    assert r["machines"] == sorted({x["machine"] for x in recs.values()})
+    assert set(r["machines"]) <= {x["machine"] for x in recs.values()}
     assert r["budget_s"] == plan.BUDGETS["shipped"] and r["over_budget"] == (r["machine_s"] > r["budget_s"])
     if m.get("complete"):
         assert r["cut"] == [] and "Nothing was cut" in m["note"]
