@@ -386,10 +386,13 @@ def save_png(fig, name: str, *, width: int | None = None, height: int | None = N
         return
     from kaleido.errors import ChromeNotFoundError
 
+    from lab.report.readable import fit
+
     fig_dict = fig.to_dict() if hasattr(fig, "to_dict") else dict(fig)
+    w = width or fig_dict.get("layout", {}).get("width") or 900
+    fig_dict = fit(fig_dict, width=w)         # titles and legends laid out for the PNG's width
     layout = fig_dict.get("layout", {})
-    opts = dict(format="png", width=width or layout.get("width") or 900,
-                height=height or layout.get("height") or 540, scale=scale)
+    opts = dict(format="png", width=w, height=height or layout.get("height") or 540, scale=scale)
     timeout = float(os.environ.get(PNG_TIMEOUT_ENV) or PNG_TIMEOUT_S)
     try:
         if _png_state["exporter"] is None:
