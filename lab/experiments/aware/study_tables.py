@@ -313,14 +313,22 @@ def build(env, res: Mapping) -> dict:
     out["comparisons"] = comps
     find = []
     by = {n: g.to_dict("records") for n, g in comps.groupby("comparison")} if len(comps) else {}
+    ran = set(runs.variant) if not runs.empty else set()
+
+    def verdict_of(rows, claim, a, b):
+        missing = [x for x in (a, b) if x not in ran]
+        if missing:
+            return f"not run yet ({', '.join(missing)})", math.nan, math.nan, math.nan, 0
+        return finding_verdict(rows, claim)
+
     for finding, claim, pairs in FINDINGS:
         for a, b in pairs:
-            v, d, lo, hi, k = finding_verdict(by.get(f"AWARe vs {b}", []), claim)
+            v, d, lo, hi, k = verdict_of(by.get(f"AWARe vs {b}", []), claim, a, b)
             find.append({"finding": finding, "claim": claim, "a": a, "b": b, "read": "R at matched downstream accuracy",
                          "seeds": k, "diff": d, "lo": lo, "hi": hi, "verdict": v})
     for name, a, b in METHOD_PAIRS:
         if a == REFERENCE:
-            v, d, lo, hi, k = finding_verdict(by.get(name, []), "higher")
+            v, d, lo, hi, k = verdict_of(by.get(name, []), "higher", a, b)
             find.append({"finding": f"AWARe retains more than {name.split(' vs ', 1)[1]} at matched downstream accuracy",
                          "claim": "higher", "a": a, "b": b, "read": "R at matched downstream accuracy", "seeds": k,
                          "diff": d, "lo": lo, "hi": hi, "verdict": v})
