@@ -2,10 +2,13 @@
 
 Every writer goes through :func:`atomic_write` (temp file in the same folder, fsync, rename).
 Tensor files are safetensors with a sha256 of the file stored in a ``.sha256`` sidecar, checked
-on read; a mismatch raises :class:`CorruptFile` so callers can report it and rebuild.
+on read; a mismatch raises :class:`CorruptFile` so callers can report it and rebuild. A disk (or
+quota) that fills during a write raises :class:`DiskFull`: one line naming the file and the space
+it needed, the partial file removed.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -18,17 +21,85 @@ class CorruptFile(RuntimeError):
     """A cached or saved file failed verification (checksum, format or metadata mismatch)."""
 
 
+class DiskFull(OSError):
+    """A write found the disk (or the user's quota) full. Its message is ONE line naming what was
+    being written and the space it needed (:func:`disk_full`); the partial file is gone."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """``exc`` says the disk or the quota is full (an OSError, or a library's own error, e.g.
+    safetensors', that carries the system's message)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+def size_text(n: float | None) -> str:
+    """A byte count as people read it: '812 bytes', '3.4 kB', '120.5 MB', '1.2 GB'."""
+    if n is None:
+        return "?"
+    for unit, step in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= step:
+            return f"{n / step:.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
+def free_space(path: str | os.PathLike) -> tuple[int | None, Path]:
+    """(free bytes, mount point) of the file system that holds ``path`` (or its nearest existing
+    parent); (None, path) where it cannot be read."""
+    import shutil
+
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        free = shutil.disk_usage(p).free
+    except OSError:
+        return None, p
+    mount = p
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    return free, mount
+
+
+def disk_full(path: str | os.PathLike, *, needed: int | None = None, written: int | None = None) -> DiskFull:
+    """The :class:`DiskFull` of a write to ``path`` that needed ``needed`` bytes (or more than the
+    ``written`` bytes it got to write)."""
+    free, mount = free_space(path)
+    if needed:
+        need = f"it needs about {size_text(needed)}"
+    elif written:
+        need = f"it needs more than the {size_text(written)} written before the disk filled"
+    else:
+        need = "it needs more space"
+    return DiskFull(f"{path}: no space left on the disk ({need}; {size_text(free)} free on {mount}); "
+                    "nothing half-written was left")
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
-def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
-    """Call ``writer(tmp_path)`` and move the result to ``path`` atomically."""
+def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None], *, size: int | None = None) -> Path:
+    """Call ``writer(tmp_path)`` and move the result to ``path`` atomically. ``size``: the bytes the
+    write needs, when known (named if the disk fills: :class:`DiskFull`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise disk_full(path, needed=size) from exc
+        raise
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -37,8 +108,14 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[Path], None]) -> Pat
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
-    except BaseException:
+    except BaseException as exc:
+        try:
+            written = tmp_path.stat().st_size
+        except OSError:
+            written = None
         tmp_path.unlink(missing_ok=True)
+        if is_disk_full(exc):
+            raise disk_full(path, needed=size, written=written) from exc
         raise
     return path
 
@@ -54,8 +131,11 @@ def replace_dir(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path
     try:
         writer(tmp)
         os.chmod(tmp, 0o777 & ~_umask())        # mkdtemp makes 0700
-    except BaseException:
+    except BaseException as exc:
+        written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file() and not f.is_symlink())
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(exc) and not isinstance(exc, DiskFull):
+            raise disk_full(path, written=written) from exc
         raise
     return swap_dir(tmp, path)
 
@@ -96,9 +176,14 @@ def save_tensors(path: str | os.PathLike, tensors: dict, metadata: dict[str, str
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     if _same_as_stored(path, tensors, meta):   # keep the bytes (safetensors' metadata order varies per write)
         return path
-    atomic_write(path, lambda p: save_file(tensors, str(p), metadata=meta))
+    nbytes = sum(t.numel() * t.element_size() for t in tensors.values()) + len(json.dumps(meta)) + 1024 * len(tensors)
+    atomic_write(path, lambda p: save_file(tensors, str(p), metadata=meta), size=nbytes)
     digest = sha256_file(path)
-    atomic_write(path.with_name(path.name + ".sha256"), lambda p: p.write_text(digest + "\n"))
+    try:
+        atomic_write(path.with_name(path.name + ".sha256"), lambda p: p.write_text(digest + "\n"), size=65)
+    except DiskFull:      # a file without its checksum is half-written: it goes too
+        path.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -141,7 +226,7 @@ def load_tensors(path: str | os.PathLike) -> tuple[dict, dict[str, str]]:
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:
     text = json.dumps(obj, indent=2, sort_keys=True, default=str)
-    return atomic_write(path, lambda p: p.write_text(text + "\n"))
+    return atomic_write(path, lambda p: p.write_text(text + "\n"), size=len(text.encode()) + 1)
 
 
 def read_json(path: str | os.PathLike) -> Any:

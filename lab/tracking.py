@@ -120,10 +120,12 @@ class MLflowTracker(Tracker):
         from mlflow import MlflowClient
 
         self.uri = store_uri(root)
-        if "://" not in self.uri or self.uri.startswith("file:"):
+        self.folder = file_store(self.uri)
+        if self.folder is not None:
             # MLflow 3 keeps its folder store in maintenance mode and asks for this opt-in; the lab's
             # default store is such a folder (no server, no database package)
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            check_store(self.folder)        # before any work: a store that no longer reads back is named
         self.experiment, self.started, self.steps = experiment, _now(), []
         # a server that does not answer is found in seconds, not after MLflow's minutes of retries
         quick = {k: v for k, v in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0"), ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20"))
@@ -180,6 +182,10 @@ class MLflowTracker(Tracker):
             for f in tables(folder):
                 self.client.log_artifact(rid, str(f))
         except BaseException as exc:
+            from lab import _io
+
+            if _io.is_disk_full(exc):
+                raise self._full(rid, folder, metrics, series, params, files) from exc
             if rid is not None:
                 try:
                     self.client.set_terminated(rid, "FAILED")
@@ -192,6 +198,37 @@ class MLflowTracker(Tracker):
         self.client.set_terminated(rid, "FINISHED")
         return rid
 
+    def _full(self, rid, folder, metrics, series, params, files):
+        """The store filled while logging run ``rid``: the partly logged run goes (a folder store:
+        its folder; another store: deleted through the client), and one line says what it needed."""
+        import json
+        import shutil
+
+        from lab import _io
+
+        if rid is not None and self.folder is not None:
+            shutil.rmtree(self.folder / str(self.experiment_id) / rid, ignore_errors=True)
+        elif rid is not None:
+            try:
+                self.client.delete_run(rid)
+            except Exception:
+                pass
+        # MLflow's folder store writes a file per metric, parameter and tag: each takes at least a block
+        try:
+            block = os.statvfs(self.folder).f_bsize if self.folder is not None else 1
+        except OSError:
+            block = 4096
+        up = lambda n: -(-n // block) * block  # noqa: E731
+        keys = {**{k: 1 for k in metrics or {}}, **{k: len(v) for k, v in (series or {}).items()}}
+        needed = (sum(up(f.stat().st_size) for f in tables(folder)) + sum(up(40 * n) for n in keys.values())
+                  + up(1) * (len(flatten(params or {})) + 12) + up(len(json.dumps(files or {}, default=str))))
+        where = self.folder if self.folder is not None else self.uri
+        free, mount = _io.free_space(where) if self.folder is not None else (None, where)
+        done = f" (results in {folder})" if folder else ""
+        return _io.DiskFull(f"--track mlflow: the run finished{done}, but the tracking store {where} filled up while "
+                            f"logging it: it needs about {_io.size_text(needed)}, {_io.size_text(free)} free on "
+                            f"{mount}; the partly logged run was removed, the store reads back as before")
+
     def watch(self, fn):
         def watched(*args, **kwargs):
             out = fn(*args, **kwargs)
@@ -202,6 +239,67 @@ class MLflowTracker(Tracker):
 
 
 # --- helpers (no mlflow) ------------------------------------------------------------------------
+def file_store(uri: str) -> Path | None:
+    """The folder of a local MLflow file store (a ``file:`` URI or a plain path), else None."""
+    if uri.startswith("file:"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(uri).path))
+    return Path(uri) if "://" not in uri else None
+
+
+_RUN_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def check_store(folder: Path) -> None:
+    """A local MLflow file store reads back: every experiment's and run's ``meta.yaml`` is a YAML
+    mapping with its id, every metric file holds ``timestamp value step`` lines. Otherwise (a write
+    cut short, by a full disk or a killed process) a RuntimeError names the file and what to remove;
+    MLflow itself would skip or misread it without a word."""
+    if not folder.is_dir():
+        return
+    for exp in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != "models"):
+        _check_meta(folder, exp, exp / "meta.yaml", "experiment_id")
+        for run in sorted(p for p in exp.iterdir() if p.is_dir() and _RUN_ID.fullmatch(p.name)):
+            _check_meta(folder, run, run / "meta.yaml", "run_id")
+            metrics = run / "metrics"
+            for f in sorted(metrics.rglob("*")) if metrics.is_dir() else ():
+                if f.is_file() and not _metric_lines(f):
+                    _unreadable(folder, run, f, "not a metric history (timestamp value step per line)")
+
+
+def _check_meta(folder: Path, what: Path, meta: Path, key: str) -> None:
+    import yaml
+
+    try:
+        data = yaml.safe_load(meta.read_text())
+    except FileNotFoundError:
+        _unreadable(folder, what, meta, "missing")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        _unreadable(folder, what, meta, "not readable YAML")
+    if not (isinstance(data, dict) and data.get(key) is not None):
+        _unreadable(folder, what, meta, "empty" if not data else f"without its {key}")
+
+
+def _metric_lines(f: Path) -> bool:
+    try:
+        for line in f.read_text().splitlines():
+            parts = line.split()
+            if len(parts) not in (2, 3):
+                return False
+            int(parts[0]), float(parts[1]), [int(p) for p in parts[2:]]
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return True
+
+
+def _unreadable(folder: Path, what: Path, f: Path, why: str):
+    kind = "run" if what.parent != folder else "experiment"
+    raise RuntimeError(f"--track mlflow: the tracking store {folder} does not read back: {f} is {why} (a write cut "
+                       f"short, e.g. by a full disk); remove that {kind} (rm -r {what}) or choose another store "
+                       f"($MLFLOW_TRACKING_URI)")
+
+
 def _now() -> int:
     return int(time.time() * 1000)
 

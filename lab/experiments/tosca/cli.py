@@ -4,6 +4,8 @@ Imports stay inside the handler, so ``lab --help`` does not load torch.
 """
 from __future__ import annotations
 
+import contextlib
+
 _EPILOG = """\
 the shipped study (every router and baseline, several seeds, 95 % intervals): lab tosca study --help
 
@@ -367,14 +369,59 @@ def cmd_tosca(args) -> int:
     track = tracking.start(args.track, "lab tosca", root=args.runs_dir)   # mlflow imports, its store opens
     from .run import run
 
-    if is_sweep(args):
-        return cmd_sweep(args, track)
-    # a resumed run continues with its stored config (the options typed agree with it: check_resume)
-    cfg = stored(args.resume)[1] if args.resume is not None else config_from_args(args)
-    res = run(cfg, runs_root=args.runs_dir, resume=args.resume, progress=not args.quiet)
+    with terminated_as_interrupted(), disk_full_resumes():
+        if is_sweep(args):
+            return cmd_sweep(args, track)
+        # a resumed run continues with its stored config (the options typed agree with it: check_resume)
+        cfg = stored(args.resume)[1] if args.resume is not None else config_from_args(args)
+        res = run(cfg, runs_root=args.runs_dir, resume=args.resume, progress=not args.quiet)
     print(format_summary(res))
     tracking.log_tosca_run(track, res)
     return 0
+
+
+@contextlib.contextmanager
+def terminated_as_interrupted():
+    """SIGTERM (``kill``, a scheduler stopping the job) ends a long command as Ctrl-C does: the
+    finished work is kept and the command prints the line that resumes it (``lab.cli.main``)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def disk_full_resumes():
+    """A disk that fills during a run: its one line (:class:`lab._io.DiskFull`) says how to resume
+    the run folder (the finished tasks or variants are kept); a run folder that holds nothing yet
+    is removed."""
+    from lab import _io, runs
+
+    try:
+        yield
+    except _io.DiskFull as exc:
+        folder = runs.active()
+        if folder is not None and folder.is_dir() and not any((folder / f).is_file() for f in ("config.json",
+                                                                                                "sweep.json")):
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+            raise _io.DiskFull(f"{exc}; free some space and run the command again") from exc
+        if folder is None or not folder.is_dir():
+            raise
+        raise _io.DiskFull(f"{exc}; the finished work is kept in {folder}: free some space, then resume with: "
+                           f"lab tosca --resume {folder}") from exc
 
 
 def cmd_sweep(args, track=None) -> int:
@@ -437,7 +484,8 @@ def study_main(argv, prog: str = "lab tosca study") -> int:
     except (ImportError, ValueError, RuntimeError) as exc:
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return 2
-    rc = study.main(with_default_executor(rest), prog=prog)
+    with terminated_as_interrupted():
+        rc = study.main(with_default_executor(rest), prog=prog)
     try:
         if rc == 0:
             tracking.log_tosca_study(track, args.out or runs.active())

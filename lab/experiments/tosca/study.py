@@ -136,21 +136,88 @@ def run_one(cfg: RunConfig, runs_root, data=None) -> list[dict]:
             for r in res.summary.to_dict("records")]
 
 
+def run_variant(cfg: RunConfig, runs_root, data=None) -> dict:
+    """:func:`run_one` as a study keeps it in ``variants/``: ``{"config", "rows", "sha256"}``, the
+    sha256 over the config and the rows, so that a file read back is this variant's, whole and as
+    written (:func:`check_variant`)."""
+    from lab import executors
+
+    body = json.loads(executors._roundtrip({"config": cfg.to_dict(), "rows": run_one(cfg, runs_root, data)}))
+    return {**body, "sha256": _variant_digest(body)}
+
+
+def _variant_digest(record: dict) -> str:
+    text = json.dumps({"config": record.get("config"), "rows": record.get("rows")}, sort_keys=True, allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_variant(record, cfg: RunConfig, where) -> list[dict]:
+    """The rows of a variant's stored result, verified: a record of this study's form, its sha256
+    matching its config and rows, the config the variant's, one row per evaluated routing, each
+    naming the variant's scenario, seed and method. Anything else: ValueError naming ``where``."""
+    from lab import executors
+
+    fix = "remove it and the variant runs again"
+    if not (isinstance(record, dict) and set(record) == {"config", "rows", "sha256"}):
+        what = "a JSON " + {dict: "object", list: "array", str: "string", type(None): "null", bool: "boolean"}.get(
+            type(record), "number")
+        raise ValueError(f"{where}: not a variant result of this study ({what} without config, rows and sha256); "
+                         f"{fix}")
+    if record["sha256"] != _variant_digest(record):
+        raise ValueError(f"{where}: its config and rows differ from the sha256 recorded with them (edited or "
+                         f"damaged); {fix}")
+    want = json.loads(executors._roundtrip(cfg.to_dict()))
+    if record["config"] != want:
+        diff = ", ".join(f"{k} {record['config'].get(k)!r} (this variant: {want.get(k)!r})"
+                         for k in sorted(set(want) | set(record["config"])) if record["config"].get(k) != want.get(k))
+        raise ValueError(f"{where}: holds another variant's result: {diff}; {fix}")
+    rows = record["rows"]
+    from .methods import METHODS
+
+    routings = set(cfg.evaluated_routings) if METHODS.info(cfg.method)["routed"] else {"single"}
+    ident = {"scenario": "+".join(cfg.datasets), "seed": cfg.seed, "method": cfg.method}
+    if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
+            and sorted(r.get("routing") for r in rows) == sorted(routings)
+            and all(r.get(k) == v for r in rows for k, v in ident.items())):
+        raise ValueError(f"{where}: its rows are not one per routing ({', '.join(sorted(routings))}) of "
+                         f"{ident['method']} on {ident['scenario']}, seed {ident['seed']}; {fix}")
+    return rows
+
+
+def _check_stored(jobs, results_dir) -> None:
+    """Every variant file already in ``results_dir`` verified before any is used (one line naming
+    the first bad one)."""
+    from lab import _io
+
+    for j in jobs:
+        f = Path(results_dir) / f"{j.key}.json"
+        if f.is_file():
+            try:
+                record = _io.read_json(f)
+            except (_io.CorruptFile, UnicodeDecodeError) as exc:
+                raise ValueError(f"{f}: not readable JSON ({' '.join(str(exc).split())[:200]}); remove it and the "
+                                 "variant runs again") from None
+            check_variant(record, j.config, f)
+
+
 def run_all(configs, runs_root, *, log=print, executor: str = "local", address: str | None = None,
             results_dir=None, data=None) -> list[dict]:
-    """Run every config (:func:`run_one`, through :func:`lab.executors.run`: ``local`` or one Ray
-    task each; with ``results_dir``, finished variants are kept there and skipped on a rerun)."""
+    """Run every config (:func:`run_variant`, through :func:`lab.executors.run`: ``local`` or one Ray
+    task each; with ``results_dir``, finished variants are kept there, verified when read back and
+    skipped on a rerun)."""
     from lab import executors
 
     jobs = [executors.Job(executors.key(f"{cfg.method}-{'+'.join(cfg.datasets)}-s{cfg.seed}-"
-                                        f"{cfg.head_init}-{cfg.luca_init}" + ("" if cfg.flow == "tosca" else f"-{cfg.flow}"), cfg), run_one, cfg,
+                                        f"{cfg.head_init}-{cfg.luca_init}" + ("" if cfg.flow == "tosca" else f"-{cfg.flow}"), cfg), run_variant, cfg,
                           **executors.resources(cfg.device, max(1, cfg.threads))) for cfg in configs]
+    if results_dir is not None:
+        _check_stored(jobs, results_dir)
     try:
         results = executors.run(jobs, executor=executor, address=address, shared=(str(runs_root), data),
                                 results_dir=results_dir, log=log)
     finally:
         _DATA.clear()
-    return [row for rows in results for row in rows]
+    return [row for j, record in zip(jobs, results) for row in check_variant(record, j.config, f"variant {j.key}")]
 
 
 def t_interval(values) -> tuple[float, float]:
@@ -207,14 +274,34 @@ def main(argv=None, prog: str = "lab tosca study") -> int:
     args = p.parse_args(argv)
     try:
         return _main(args, argv, prog)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted; finished variants are kept in {args.out or 'the study folder'}/variants/ and "
-              "skipped when the same command runs again", file=sys.stderr)
+    except KeyboardInterrupt:       # Ctrl-C, or SIGTERM (lab tosca study turns it into this)
+        print(f"{prog}: interrupted; {_resume(args, argv, prog)}", file=sys.stderr)
         return 130
     except (ValueError, KeyError, OSError) as exc:
+        from lab._io import DiskFull
+
+        if isinstance(exc, DiskFull):
+            print(f"{prog}: error: {exc}; free some space, then {_resume(args, argv, prog)}", file=sys.stderr)
+            return 2
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"{prog}: error: {' '.join(str(msg).split())}", file=sys.stderr)
         return 2
+
+
+def _resume(args, argv, prog) -> str:
+    """Where the finished variants are and the command that continues the study."""
+    import shlex
+
+    if not args.out or not (Path(args.out) / "variants").is_dir():
+        return "nothing was finished yet; run the command again"
+    keep, skip = [], False
+    for a in argv:
+        if skip or a == "--out" or a.startswith("--out="):
+            skip = a == "--out"
+            continue
+        keep.append(a)
+    return (f"finished variants are kept in {args.out}/variants/ and skipped: resume with: "
+            f"{prog} {shlex.join([*keep, '--out', str(args.out)])}")
 
 
 class _OneLine(argparse.ArgumentParser):
