@@ -69,13 +69,13 @@ LABELS: dict[str, tuple[str, str]] = {
                                   _WILSON_FRAC),
     "imagenet_agreement_ft": ("An anecdote, 12 photos: ImageNet top-1 answers kept after full fine-tuning (this run)",
                               "fraction, 95 % Wilson"),
-    "seeds_compared": ("Seeds behind the comparisons over seeds (the run's own seed left out)", "seeds"),
-    "seeds_probe_stage_minus_head": ("Over seeds: linear probe at this run's most decodable stage minus at the head, "
-                                     "paired by seed", _SEEDS_FRAC_DIFF),
-    "seeds_other_classes_ft_minus_frozen": ("Over seeds: other classes' prototype accuracy after full fine-tuning "
-                                            "minus before, paired by seed", _SEEDS_FRAC_DIFF),
-    "seeds_task_ft_minus_tosca": ("Over seeds: new-task accuracy, full fine-tuning minus TOSCA at this notebook's "
-                                  "epochs, paired by seed", _SEEDS_FRAC_DIFF),
+    "seeds_compared": ("Seeds in the shipped comparisons over seeds (notebook 01's report settings)", "seeds"),
+    "seeds_probe_stage_minus_head": ("Over seeds (shipped): linear probe at this run's most decodable stage minus at "
+                                     "the head, paired by seed", _SEEDS_FRAC_DIFF),
+    "seeds_other_classes_ft_minus_frozen": ("Over seeds (shipped): other classes' prototype accuracy after full "
+                                            "fine-tuning minus before, paired by seed", _SEEDS_FRAC_DIFF),
+    "seeds_task_ft_minus_tosca": ("Over seeds (shipped): new-task accuracy, full fine-tuning (2 epochs) minus TOSCA "
+                                  "(20 epochs), paired by seed", _SEEDS_FRAC_DIFF),
     # 02_tosca_sparsity_orthogonality: this notebook's own run, then the shipped study
     "live_tosca_last_acc": ("TOSCA last-stage accuracy A_B, per-sample routing (this run, one seed)", _WILSON_PCT),
     "live_tosca_oracle_last_acc": ("TOSCA A_B, oracle routing, upper bound (this run, one seed)", _WILSON_PCT),

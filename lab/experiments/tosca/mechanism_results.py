@@ -16,7 +16,8 @@ difference (overlap minus chance, L1 against none) is computed per seed first. T
    ±1; expected below 0). Reproduced where one is and none is above 0, contradicted the other way
    round, otherwise not detected.
 
-    python -m lab.experiments.tosca.mechanism_results [FOLDER]   # summary.csv, verdicts.csv, README.md
+    python -m lab.experiments.tosca.mechanism_results [FOLDER]           # summary.csv, verdicts.csv, README.md
+    python -m lab.experiments.tosca.mechanism_results --check [FOLDER]   # re-run two runs here, compare
 """
 from __future__ import annotations
 
@@ -612,10 +613,32 @@ def write_derived(folder=None) -> Path:
     return m.folder
 
 
+def check(m: Mechanism, n: int = 2, log=print) -> bool:
+    """Re-run the study's ``n`` cheapest runs here, on the sources as they are now, and compare every
+    number of their ``runs.csv`` rows (the CSV keeps 4 decimals): whether this code still gives the
+    shipped numbers. Prints one line per run and returns True when all match."""
+    from .mechanism import Variant, run_one
+
+    runs = m.runs.assign(cost=m.runs.epochs * m.runs.tasks).sort_values(["cost", "seed", "l1"], kind="stable")
+    ok = True
+    for r in runs.head(n).itertuples():
+        got = run_one(Variant(r.scenario, int(r.seed), float(r.l1), int(r.epochs)))["run"]
+        diff = {k: (getattr(r, k), v) for k, v in got.items()
+                if k != "train_s" and hasattr(r, k) and not (abs(getattr(r, k) - v) <= 1e-4 + 1e-9 or
+                                                              (math.isnan(getattr(r, k)) and math.isnan(v)))}
+        ok &= not diff
+        log(f"{r.scenario} seed {r.seed} L1 {l1_text(r.l1)} {r.epochs} epochs: "
+            + ("every number reproduced" if not diff else f"DIFFERS: {diff}"))
+    return ok
+
+
 if __name__ == "__main__":
     import sys
 
-    print("wrote", write_derived(sys.argv[1] if len(sys.argv) > 1 else None))
+    args = [a for a in sys.argv[1:] if a != "--check"]
+    if "--check" in sys.argv[1:]:
+        raise SystemExit(0 if check(load(args[0] if args else None)) else 1)
+    print("wrote", write_derived(args[0] if args else None))
 
 
 # --- a live run beside the study ---------------------------------------------------------------------

@@ -678,7 +678,6 @@ def _against_seeds(live: float, shipped, seed: int) -> str:
     decimals), else the 95 % prediction interval for one more seed, mean ± t·sd·√(1 + 1/n) (the
     interval of the mean over seeds is narrower than the spread of single seeds)."""
     import numpy as np
-    from scipy import stats
 
     v = np.asarray(shipped, dtype=float)
     if seed in shipped.index:
@@ -688,7 +687,7 @@ def _against_seeds(live: float, shipped, seed: int) -> str:
         return f"shipped seed {seed}: {then:.2f} — !!! DIFFERS by {live - then:+.2f} points: check the setup !!!"
     if len(v) < 2:
         return f"the study has one seed ({v[0]:.2f}): no interval to compare with"
-    half = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) * np.sqrt(1 + 1 / len(v)))
+    half = float(_stats.t_quantile(len(v) - 1) * v.std(ddof=1) * np.sqrt(1 + 1 / len(v)))
     inside = abs(live - v.mean()) <= half
     return (f"a new seed would fall in {v.mean():.2f} ± {half:.2f} (95 % prediction interval over {len(v)} seeds) — "
             + ("inside" if inside else "!!! OUTSIDE: check the setup !!!"))
