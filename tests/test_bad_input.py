@@ -328,6 +328,7 @@ ROWS: list[Row] = [
     R("aware check", "--out", ["--out", "{dir}"], "holds no study runs"),
     R("aware check", "--preset", ["--preset", "huge"], "argument --preset: invalid choice"),
     R("aware check", "--run", ["--run", "nope", "--out", "{dir}"], "holds no study runs"),
+    R("aware check", "--steps", ["--steps", "0"], "--steps 0:"),
     R("aware check", "--cache-dir", ["--cache-dir", "{file}"], "--cache-dir {file}: is a file, not a folder"),
     R("aware check", "--device", ["--device", "foo"], "--device foo: must be cpu, cuda or cuda:N"),
     R("aware check", "--quiet", ["--quiet=1"], "ignored explicit argument"),
@@ -687,7 +688,7 @@ class Shipped:
 
 _RANDOM = bytes(random_byte for random_byte in __import__("random").Random(0).randbytes(4096))
 SHIPPED_ROWS = [
-    *[row for study, runs, summary in (("tosca", "runs.csv", "summary.csv"), ("aware", "runs.csv", "summary.csv"))
+    *[row for study, runs, summary in (("tosca", "runs.csv", "summary.csv"), ("aware", "runs.csv", "fronts.csv"))
       for row in (
           Shipped(study, "manifest random bytes", "manifest.json", _RANDOM, fragment="not a JSON manifest"),
           Shipped(study, "manifest truncated", "manifest.json", b'{"command": "lab', fragment="invalid JSON"),
@@ -715,19 +716,19 @@ SHIPPED_ROWS = [
 
 def _aware_copy(dest: Path) -> None:
     """A small AWARe study folder: the shipped CSV tables with a manifest recording their sha256
-    (complete, so an empty summary is an error)."""
+    (complete, so an empty fronts table is an error)."""
     import json
 
     from lab import _manifest
 
     src = ROOT / "results" / "aware"
     dest.mkdir()
-    tables = ["baselines.csv", "comparisons.csv", "runs.csv", "summary.csv"]
+    tables = ["baselines.csv", "comparisons.csv", "runs.csv", "fronts.csv"]
     for t in tables:
         (dest / t).write_bytes((src / t).read_bytes())
-    # a summary with one row: an empty one is refused when the study is complete
-    header = (dest / "summary.csv").read_text().splitlines()[0]
-    (dest / "summary.csv").write_text(header + "\n" + ",".join(["x"] * len(header.split(","))) + "\n")
+    # a fronts table with one row: an empty one is refused when the study is complete
+    header = (dest / "fronts.csv").read_text().splitlines()[0]
+    (dest / "fronts.csv").write_text(header + "\n" + ",".join(["x"] * len(header.split(","))) + "\n")
     (dest / "manifest.json").write_text(json.dumps({"command": "lab aware study", "tables": tables, "complete": True,
                                                     "sha256": _manifest.digests(dest, tables)}))
 

@@ -127,18 +127,18 @@ def test_the_aware_command_line_accepts_the_plugin_rule(sites):
 
 def test_the_plugin_rule_is_a_row_of_the_study_tables(sites, tmp_path):
     """`lab aware study --add-rules` puts the plugin rule in the rule group beside the built-in rules,
-    and the study's tables (its rule group's summary and its comparisons with main AWARe) carry it."""
+    and the study's tables (its rule group's short fronts and its comparisons with main AWARe) carry it."""
     import pandas as pd
 
     out = tmp_path / "study"
     p = _lab(["aware", "study", "--preset", "smoke", "--add-rules", "activation-x-weight", "--out", str(out),
               "--quiet"], sites, "template", timeout=900, OMP_NUM_THREADS="1", LAB_CACHE_DIR=str(tmp_path / "cache"))
     assert p.returncode == 0, p.stderr[-2000:]
-    summary = pd.read_csv(out / "summary.csv")
-    rules = set(summary[summary.group == "rule"].variant)
+    fronts = pd.read_csv(out / "fronts.csv")
+    rules = set(fronts[fronts.group == "rule"].variant)
     assert {f"rule/{r}" for r in ("activation-x-weight", "activation-balanced", "weight-norm", "random")} <= rules
     comparisons = pd.read_csv(out / "comparisons.csv")
-    assert comparisons.verdict.str.contains("activation-x-weight").any()
+    assert comparisons.b.eq("rule/activation-x-weight").any()
     p = _lab(["aware", "study", "--preset", "smoke", "--out", str(out), "--quiet"], sites, "template", timeout=120)
     assert p.returncode == 2 and "another configuration" in p.stderr, p.stderr   # without the rule: another study
 

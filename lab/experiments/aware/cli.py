@@ -663,11 +663,11 @@ def cmd_check(args) -> int:
 
     check_cache_dir(args.cache_dir)
     V.device("--device", args.device)
+    if args.steps is not None:
+        V.count("--steps", args.steps, maximum=100000)
     out = Path(args.out)
     if not (out / "runs").is_dir():
         raise V.bad("--out", args.out, "holds no study runs (no runs/ folder); run `lab aware study` first")
-    if args.steps is not None:
-        V.count("--steps", args.steps, maximum=100000)
     _refuse_preset_mismatch(out, args.preset)
     _threads()
     from lab.experiments.aware import runner

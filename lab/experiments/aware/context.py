@@ -114,6 +114,7 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
 
         hub = hub_llava.load(model, device=device, dtype=dtype, progress=progress)
         kw["vision"] = hub_llava.raw_images
+    probe = tasks.probe()    # first: a damaged packaged file fails in a second, naming itself
     # saliency only: the alignment pool's tokens are read for its calibration rows alone (and for
     # the alignment, where the projector is not cached yet), so they are computed as they are read
     easy = tasks.easy_vqa(n_train=size.n_align, n_test=size.n_easy_eval, lazy_train=not downstream, **kw)
@@ -128,7 +129,6 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
         base, enc, align = build_base(easy, size.align, grid=size.grid, cache_dir=cache_dir, progress=progress,
                                       device=device)
     down = {t: tasks.downstream(t, n_train=size.n_train, n_test=size.n_eval, **kw) for t in wanted} if downstream else {}
-    probe = tasks.probe()
     probe.test = probe.test.subset(range(min(size.n_probe, len(probe.test))))
     # nested upstream calibration sets: the first n of the same n_calib samples
     full = tasks.calibration("upstream", size.n_calib, upstream=easy)

@@ -236,8 +236,16 @@ def easy_vqa_validation(*, n: int, n_align: int, seed: int = 0, grid: int = 2, c
 
 
 def probe(path: str | Path = PROBE_FILE) -> Task:
-    """The text-only general-knowledge probe (held out: never used for training or calibration)."""
-    items = json.loads(Path(path).read_text())["items"]
+    """The text-only general-knowledge probe (held out: never used for training or calibration). A
+    damaged file is one line naming it."""
+    from lab._io import CorruptFile, read_json
+
+    data = read_json(path)
+    items = data.get("items") if isinstance(data, dict) else None
+    if not isinstance(items, list) or not all(isinstance(it, dict) and {"question", "answer", "distractors"} <= set(it)
+                                              for it in items):
+        raise CorruptFile(f"{path}: not a probe file (a JSON object whose 'items' each have a question, an answer "
+                          "and distractors); reinstall the package to restore it")
     if not items:
         raise ValueError(f"{path} holds no questions")
     qa = QASet("probe", [it["question"] for it in items], [it["answer"] for it in items],

@@ -127,3 +127,17 @@ def test_a_diverged_point_is_reported_as_diverged_and_not_learned():
     assert bool(fr.loc["methods/full", "learned"])
     shown = study_views.fronts_table({"fronts": tables["fronts"]}).set_index("variant")
     assert shown.loc["AWARe (rho 0.3)", "learned?"] == "no"
+
+
+def test_a_damaged_probe_file_is_one_line_naming_it(tmp_path):
+    from lab import cli
+    from lab._io import CorruptFile
+    from lab.experiments.aware import tasks
+
+    good = tasks.PROBE_FILE.read_text()
+    for name, text in (("truncated", good[:300]), ("a list", "[]"), ("no items", '{"items": [{"q": 1}]}')):
+        f = tmp_path / f"{name}.json"
+        f.write_text(text)
+        with pytest.raises(CorruptFile, match=str(f)) as info:
+            tasks.probe(f)
+        assert isinstance(info.value, cli.EXPECTED) and "\n" not in str(info.value)
