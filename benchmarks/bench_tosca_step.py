@@ -3,10 +3,10 @@
 Three closures on the same random cached batch, timed interleaved (rounds of each in turn, so a load
 change on the machine hits all alike):
 
-* ``step``: the library's default step, the 'fused' engine (lab/tosca/_fused.py: the 14 matrix
-  products in torch, everything between them in C kernels of lab/tosca/_fused.c, the L1 + SGD update
+* ``step``: the 'fused' engine (lab/tosca/engines/_fused.py: the 14 matrix
+  products in torch, everything between them in C kernels of lab/tosca/engines/_fused.c, the L1 + SGD update
   one pass over one flat buffer).
-* ``eager``: the 'eager' engine's step (lab/tosca/_step.py: the same gradients in torch's kernels,
+* ``eager``: the 'eager' engine's step (lab/tosca/engines/_step.py: the same gradients in torch's kernels,
   bit-identical to autograd's, and the update as five torch passes over the flat buffer).
 * ``floor``: the bare arithmetic of the same shapes with nothing around it: the 14 matmuls of the
   forward and backward pass (adapter, calibrator, head; no input gradient for the cached features,
@@ -57,8 +57,8 @@ def _batch_and_modules(d: int, k: int, batch: int):
 
 def library_step(d: int, k: int, batch: int, engine: str = "fused"):
     """A closure running one step of the given engine ('fused' or 'eager') on random cached features."""
-    from lab.tosca._fused import FusedStep
-    from lab.tosca._step import TrainStep
+    from lab.tosca.engines._fused import FusedStep
+    from lab.tosca.engines._step import TrainStep
     from lab.tosca.learner import ToscaConfig
 
     x, y, luca, head = _batch_and_modules(d, k, batch)
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
 
         tune_allocator()
     old = torch.get_num_threads()
-    from lab.tosca._fused import SOURCE, kernels
+    from lab.tosca.engines._fused import SOURCE, kernels
 
     if kernels() is None:
         from lab._cc import why_not

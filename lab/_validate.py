@@ -240,3 +240,32 @@ def device(param: str, value: str | None) -> str | None:
             raise bad(param, value, "MPS is not available on this machine; use cpu")
         return value
     raise bad(param, value, "must be cpu, cuda or cuda:N")
+
+
+# --- the cache root and error lines (every command) ------------------------------------------------
+def _cache_dir_param(cache_dir) -> tuple[str, str | None]:
+    """(parameter name, value) that chose the cache root (the flag, else $LAB_CACHE_DIR)."""
+    if cache_dir:
+        return "--cache-dir", cache_dir
+    if os.environ.get("LAB_CACHE_DIR"):
+        return "$LAB_CACHE_DIR", os.environ["LAB_CACHE_DIR"]
+    return "--cache-dir", None
+
+
+def check_cache_dir(cache_dir) -> None:
+    """The cache root (flag, $LAB_CACHE_DIR or ~/.cache/continual-lab) must be a writable folder."""
+    if cache_dir is not None and not str(cache_dir).strip():   # '' is refused, not read as "the default"
+        raise bad("--cache-dir", cache_dir, "must be a folder path (leave the flag out for $LAB_CACHE_DIR "
+                                            "or ~/.cache/continual-lab)")
+    param, value = _cache_dir_param(cache_dir)
+    target = value or os.path.join(os.path.expanduser("~"), ".cache", "continual-lab")
+    out_dir(param, target, shown=value or target)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its message with line breaks folded (KeyError unquoted)."""
+    msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+    if isinstance(exc, OSError) and exc.strerror and not str(msg).startswith(type(exc).__name__):
+        msg = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    text = " ".join(part.strip() for part in str(msg).splitlines() if part.strip())
+    return text or type(exc).__name__

@@ -314,6 +314,30 @@ def check_resolution(name: str, resolution: int | None) -> int:
     return res
 
 
+
+def check_args(backbone: str, resolution, weights, preprocess=None) -> None:
+    """A command's backbone flags, before any work: the name, ``--resolution``, ``--preprocess``
+    and the weights file (``--weights``, or $LAB_VIT_B16_WEIGHTS); the first bad one as
+    :func:`lab._validate.bad`'s one line."""
+    from lab import _validate
+
+    backbone_info(backbone)
+    try:
+        check_resolution(backbone, resolution)
+    except ValueError as exc:
+        raise _validate.bad("--resolution", resolution, str(exc).split(": ", 1)[-1]) from None
+    try:
+        check_preprocess(backbone, preprocess)
+    except ValueError as exc:
+        raise _validate.bad("--preprocess", preprocess, str(exc).split(": ", 1)[-1]) from None
+    if weights is not None:
+        _validate.in_file("--weights", weights)
+        if backbone_info(backbone)["untrained"]:
+            raise _validate.bad("--weights", weights, f"{backbone} is the untrained test backbone; it takes no weights")
+    env = os.environ.get("LAB_VIT_B16_WEIGHTS")
+    if weights is None and env and backbone.startswith("vit_base_patch16_224"):
+        _validate.in_file("$LAB_VIT_B16_WEIGHTS", env)
+
 def params(name: str) -> int:
     """Parameters of the backbone's architecture: the count recorded in its registry info
     (``params=``; tests/test_backbones.py checks it against :func:`param_count`), else counted."""

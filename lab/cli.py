@@ -17,6 +17,8 @@ import re
 import shlex
 import sys
 
+from lab._validate import one_line  # noqa: F401  (tests/test_bad_input.py imports it from here)
+
 # each plugin module's register(subparsers) adds its command; registering imports no torch (the
 # parsers' choices come from lab._names), so every command's parser is built on every call
 _PLUGINS = ("lab.experiments.tosca.cli", "lab.experiments.aware.cli", "lab.report", "lab.jupyter")
@@ -27,49 +29,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _cache_dir_param(cache_dir) -> tuple[str, str | None]:
-    """(parameter name, value) that chose the cache root (the flag, else $LAB_CACHE_DIR)."""
-    if cache_dir:
-        return "--cache-dir", cache_dir
-    if os.environ.get("LAB_CACHE_DIR"):
-        return "$LAB_CACHE_DIR", os.environ["LAB_CACHE_DIR"]
-    return "--cache-dir", None
-
-
-def check_cache_dir(cache_dir) -> None:
-    """The cache root (flag, $LAB_CACHE_DIR or ~/.cache/continual-lab) must be a writable folder."""
-    from lab import _validate
-
-    if cache_dir is not None and not str(cache_dir).strip():   # '' is refused, not read as "the default"
-        raise _validate.bad("--cache-dir", cache_dir, "must be a folder path (leave the flag out for $LAB_CACHE_DIR "
-                                                      "or ~/.cache/continual-lab)")
-    param, value = _cache_dir_param(cache_dir)
-    target = value or os.path.join(os.path.expanduser("~"), ".cache", "continual-lab")
-    _validate.out_dir(param, target, shown=value or target)
-
-
-def check_backbone_args(backbone: str, resolution, weights, preprocess=None) -> None:
-    """Backbone name, resolution, preprocessing and weights file (``--weights``, or $LAB_VIT_B16_WEIGHTS)."""
-    from lab import _validate, backbones
-
-    backbones.backbone_info(backbone)
-    try:
-        backbones.check_resolution(backbone, resolution)
-    except ValueError as exc:
-        raise _validate.bad("--resolution", resolution, str(exc).split(": ", 1)[-1]) from None
-    try:
-        backbones.check_preprocess(backbone, preprocess)
-    except ValueError as exc:
-        raise _validate.bad("--preprocess", preprocess, str(exc).split(": ", 1)[-1]) from None
-    if weights is not None:
-        _validate.in_file("--weights", weights)
-        if backbones.backbone_info(backbone)["untrained"]:
-            raise _validate.bad("--weights", weights, f"{backbone} is the untrained test backbone; it takes no weights")
-    env = os.environ.get("LAB_VIT_B16_WEIGHTS")
-    if weights is None and env and backbone.startswith("vit_base_patch16_224"):
-        _validate.in_file("$LAB_VIT_B16_WEIGHTS", env)
 
 
 def _table(rows: list[dict]) -> str:
@@ -122,11 +81,11 @@ def cmd_features(args) -> int:
     from lab import _validate, backbones, features
     from lab.data import dataset_info
 
-    check_backbone_args(args.backbone, args.resolution, args.weights, args.preprocess)   # everything before any work
+    backbones.check_args(args.backbone, args.resolution, args.weights, args.preprocess)   # everything before any work
     dataset_info(args.dataset)
     _validate.count("--batch-size", args.batch_size)
     _validate.device("--device", args.device)
-    check_cache_dir(args.cache_dir)
+    _validate.check_cache_dir(args.cache_dir)
     bb = backbones.load(args.backbone, resolution=args.resolution, weights=args.weights, device=args.device,
                         preprocess=args.preprocess)
     layers = [None] + (bb.stage_names if args.all_stages else [])
@@ -239,15 +198,6 @@ def _prog(args) -> str:
     return "lab " + args.command + (f" {sub}" if sub else "")
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception as one line: its message with line breaks folded (KeyError unquoted)."""
-    msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-    if isinstance(exc, OSError) and exc.strerror and not str(msg).startswith(type(exc).__name__):
-        msg = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
-    text = " ".join(part.strip() for part in str(msg).splitlines() if part.strip())
-    return text or type(exc).__name__
-
-
 def _interrupted(args, argv: list[str]) -> str:
     """The one line Ctrl-C prints: where the run was writing and how to continue it."""
     from lab import runs
@@ -290,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             return study_main(argv[2:], prog="lab tosca study")
         parser = build_parser(argv)
         args = parser.parse_args(argv)
-        from lab import runs
+        from lab import _validate, runs
     except KeyboardInterrupt:
         print(f"lab{' ' + argv[0] if argv and not argv[0].startswith('-') else ''}: interrupted", file=sys.stderr,
               flush=True)
@@ -310,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit's flush
         return 141
     except EXPECTED as exc:
-        print(f"{_prog(args)}: error: {one_line(exc)}", file=sys.stderr, flush=True)
+        print(f"{_prog(args)}: error: {_validate.one_line(exc)}", file=sys.stderr, flush=True)
         return 2
 
 

@@ -1,4 +1,4 @@
-"""The compiled TOSCA engine is contained (lab/_cc.py, lab/tosca/_fused.py): a compiler that hangs,
+"""The compiled TOSCA engine is contained (lab/_cc.py, lab/tosca/engines/_fused.py): a compiler that hangs,
 fails or is given with flags, and a kernel cache holding a damaged, foreign or unloadable library
 each cost at most one line, and training goes on (the 'eager' engine where the kernels cannot be
 had, with its exact numbers).
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(GCC is None, reason="needs gcc to build the kern
 TRAIN = textwrap.dedent("""
     from lab import _cc
     from lab.experiments.tosca._synthetic import synthetic_data
-    from lab.tosca import _fused
+    from lab.tosca.engines import _fused
     from lab.tosca.learner import Tosca, ToscaConfig
     data = synthetic_data(num_tasks=2, dim=32, noise=2.0, n_train=20)
     out = {}
@@ -117,7 +117,7 @@ def _python(code: str, env: dict, timeout: float) -> subprocess.CompletedProcess
 def _prepare_cache(case: Case, env: dict, tmp: Path) -> None:
     """Build the kernels once with the compiler, then spoil the cached library as the case says
     (its sha256 record rewritten to match for 'foreign' and 'garbage': only the load can tell)."""
-    p = _python("from lab.tosca import _fused; print(_fused.kernels() is not None, _fused.why_not_built())", env, 120)
+    p = _python("from lab.tosca.engines import _fused; print(_fused.kernels() is not None, _fused.why_not_built())", env, 120)
     assert p.stdout.startswith("True"), p.stdout + p.stderr[-2000:]
     (lib,) = (Path(env["LAB_CACHE_DIR"]) / "kernels").glob("_fused-*.so")
     if case.cache == "damaged":

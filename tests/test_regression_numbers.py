@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from lab.tosca import _fused
+from lab.tosca.engines import _fused
 
 FIXTURE = Path(__file__).parent / "fixtures" / "regression_numbers.json"
 SEED = 1993
@@ -37,12 +37,16 @@ SUMMARY_COLS = ("avg_inc_acc", "last_acc", "forgetting", "bwt", "routing_accurac
 # that reproduces the capture (the head's σ learned unconstrained, as the reference and the capture;
 # uniform head rows for every task and Xavier LuCA for every task, as this library before the
 # reference's zero rows and task-0 default init became the defaults). The training engine is pinned
-# per test: 'eager' computed the capture; the default 'fused' (C kernels, other roundings) is held to
-# the same tolerance — measured, it reproduces every accuracy exactly and the continuous numbers to
-# ~3e-11 relative.
-PINNED = {"head_scale_param": "free", "head_init": "uniform", "luca_init": "xavier", "engine": "eager"}
-ENGINES = ["eager", pytest.param("fused", marks=pytest.mark.skipif(_fused.kernels() is None,
-                                                                 reason="no C compiler: no fused engine"))]
+# per test: the plain step ('autograd', the default) and every opt-in accelerator of
+# lab/tosca/engines/ are held to the same stored numbers at the same tolerance ('eager', whose
+# gradients are autograd's bit for bit, computed the capture; 'fused', C kernels with other
+# roundings, reproduces every accuracy exactly and the continuous numbers to ~3e-11 relative;
+# 'compile' is marked slow: inductor compiles for tens of seconds first).
+PINNED = {"head_scale_param": "free", "head_init": "uniform", "luca_init": "xavier", "engine": "autograd"}
+ENGINES = ["autograd", "eager",
+           pytest.param("fused", marks=pytest.mark.skipif(_fused.kernels() is None,
+                                                          reason="no C compiler: no fused engine")),
+           pytest.param("compile", marks=pytest.mark.slow)]
 
 
 def _run_config(**kw):

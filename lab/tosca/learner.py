@@ -4,7 +4,9 @@ Per task t: a fresh LuCA (re-initialised as the reference) and the shared cosine
 task's classes, are trained together with ``CE(head(LuCA(x)), y) + l1·Σ|p|`` (p: every LuCA
 parameter, LayerNorm included) by SGD(momentum .9, lr .025, cosine to 1e-8 per epoch, wd 0), 20
 epochs, batch 48. The loss covers every class seen so far and every head row is trainable, as the
-reference. Afterwards the rows of task t's classes are overwritten by class-mean prototypes of the
+reference. The step is the plain one: :func:`tosca_loss`, ``loss.backward()``, the optimizer's
+step (:class:`PlainStep`); faster engines that compute the same update are opt-in
+(``ToscaConfig(engine=...)``, lab/tosca/engines/). Afterwards the rows of task t's classes are overwritten by class-mean prototypes of the
 LuCA-adapted, un-augmented training features; the LuCA is frozen and kept.
 
 Training reads features through ``batch_features(idx) -> [B, d]``: in the default ``cached`` mode
@@ -15,26 +17,25 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lab._alloc import tune_allocator
 
 from .head import CosineHead, check_scale_param, class_means
 from ._optim import add_l1_grad, cosine_lr, sgd_step  # noqa: F401  (re-exported)
-from ._step import TrainStep
+from .engines import ACCELERATORS, EPOCH_ENGINES
 from .luca import LuCA, check_flow
 from .ridge import PROJ_DIM, RidgeRouter
 
 
-ENGINES = ("fused", "eager", "static", "cuda_graph")
+ENGINES = ("autograd", *ACCELERATORS)  # the plain step, then the opt-in accelerators (lab/tosca/engines/)
 HEAD_INITS = ("reference", "uniform")
 LUCA_INITS = ("reference", "xavier")
-_WARNED: set[str] = set()  # fused-engine fallbacks already said in this process
 
 
 class NonFiniteLoss(RuntimeError):
@@ -64,12 +65,12 @@ class ToscaConfig:
     # too small to split, and on a busy machine OpenMP spin-waits dominate: measured 7 ms/step with
     # 1 thread vs 144 ms with 2 on the shared 2-core box (load ~6).
     threads: int = 1
-    # ours: 'fused' (the loop below with the step's element-wise work in C kernels, lab/tosca/_fused.py,
-    # for the 'tosca' flow on the CPU; other flows and devices, or no C compiler (a note on stderr): the eager
-    # step; the log's 'engine' says which ran), 'eager' (the loop below, torch's kernels), 'static'
-    # (fixed-shape buffers, padded last batch) or 'cuda_graph' (static, each epoch captured once as a
-    # CUDA graph and replayed; needs cuda)
-    engine: str = "fused"
+    # 'autograd': the plain step below (loss.backward(), torch.optim.SGD). Opt-in accelerators of the
+    # same update (lab/tosca/engines/): 'eager' (hand-written backward on flat buffers), 'fused' (its
+    # element-wise work in C kernels; the 'tosca' flow on the CPU, else 'eager' with a note), 'compile'
+    # (torch.compile of the loss), 'static' (fixed-shape buffers) and 'cuda_graph' (needs cuda). The
+    # log's 'engine' says which ran.
+    engine: str = "autograd"
     # how the head grows: 'reference' = the first task's rows uniform(±1/√d), every later task's rows
     # ZERO (PILOT's SimpleVitNet.update_fc); 'uniform' = uniform rows for every task (this library before)
     head_init: str = "reference"
@@ -101,6 +102,41 @@ class ToscaConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def tosca_loss(luca: LuCA, head: CosineHead, x: torch.Tensor, y: torch.Tensor, l1: float):
+    """``(ce, loss)`` for a batch of features ``x [B, d]`` and labels ``y [B]``:
+    ``ce = CE(head(LuCA(x)), y)`` over every class seen so far, ``loss = ce + l1·Σ|p_luca|``."""
+    ce = F.cross_entropy(head(luca(x)), y)  # logits [B, C]
+    return ce, ce + l1 * luca.l1()
+
+
+class PlainStep:
+    """One task's step ``step(x, y, lr) -> CE``: the loss, ``loss.backward()``, then
+    ``torch.optim.SGD`` (momentum, no dampening; the L1 term's gradient is l1·sign(p), as autograd
+    differentiates |p|) over the LuCA and every head row. ``loss``: the loss function (the
+    'compile' engine passes :func:`tosca_loss` compiled)."""
+
+    loss = staticmethod(tosca_loss)
+
+    def __init__(self, luca: LuCA, head: CosineHead, cfg: ToscaConfig, *, loss=None):
+        self.luca, self.head, self.l1 = luca, head, cfg.l1
+        if loss is not None:
+            self.loss = loss
+        self.opt = torch.optim.SGD([*luca.parameters(), *head.parameters()], lr=cfg.lr, momentum=cfg.momentum,
+                                   weight_decay=cfg.weight_decay)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> torch.Tensor:
+        for group in self.opt.param_groups:
+            group["lr"] = lr  # the epoch's cosine rate (cosine_lr)
+        ce, loss = self.loss(self.luca, self.head, x, y, self.l1)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        return ce.detach()
+
+    def close(self) -> None:
+        """Nothing to release (the accelerators' steps re-seat parameters and give them back here)."""
 
 
 @contextlib.contextmanager
@@ -171,13 +207,12 @@ class Tosca(nn.Module):
         zeros = cfg.head_init == "reference" and self.head.num_classes > 0  # as SimpleVitNet.update_fc
         self.head.grow(len(classes), generator=gen, init="zeros" if zeros else "uniform")
         self._add_feature_stats(x, y, classes)
-        if cfg.engine in ("fused", "eager"):
-            epochs = self._epochs(luca, x, y, batch_features, gen)
-        else:  # the same maths on static buffers, optionally one CUDA graph per epoch (lab/tosca/_graph.py)
-            from ._graph import static_epochs
+        if cfg.engine in EPOCH_ENGINES:  # the same maths on static buffers, optionally one CUDA graph per epoch
+            from .engines import static_epochs
 
-            epochs = static_epochs(luca, self.head, x, y, cfg, gen, capture=cfg.engine == "cuda_graph",
-                                   batch_features=batch_features)
+            epochs = static_epochs(luca, self.head, x, y, cfg, gen, batch_features=batch_features)
+        else:
+            epochs = self._epochs(luca, x, y, batch_features, gen)
         for epoch, lr, ce_mean in epochs:
             with torch.no_grad():
                 l1_mass = float(luca.l1())
@@ -219,30 +254,19 @@ class Tosca(nn.Module):
                             scatter_count=self.scatter_count, task_of_class=task_of_class, ridge=self.ridge)
 
     def _step(self, luca):
-        """The step the configured engine runs: 'fused' for the 'tosca' flow on the CPU when its C
-        kernels build (lab/tosca/_fused.py), else the eager one (lab/tosca/_step.py; a missing
-        compiler is said once on stderr); ``self.engine_ran`` says which."""
-        cfg = self.config
-        if cfg.engine == "fused":
-            from ._fused import FusedStep, covers, kernels, why_not_built
+        """The configured engine's step: :class:`PlainStep` by default, else an accelerator's
+        (lab/tosca/engines/); ``self.engine_ran`` says which ran."""
+        if self.config.engine == "autograd":
+            self.engine_ran = "autograd"
+            return PlainStep(luca, self.head, self.config)
+        from .engines import step_for
 
-            if covers(luca, cfg) and kernels() is not None:
-                self.engine_ran = "fused"
-                return FusedStep(luca, self.head, cfg)
-            why = why_not_built() if covers(luca, cfg) else ""
-            if why and why not in _WARNED:   # one line per process and reason, as the other notes of lab
-                _WARNED.add(why)
-                print(f"note: TOSCA trains with the 'eager' engine here, not 'fused': {why}. The same maths in "
-                      f"torch's kernels; results differ from the fused engine's in the last digits.",
-                      file=sys.stderr, flush=True)
-        self.engine_ran = "eager"
-        return TrainStep(luca, self.head, cfg)
+        step, self.engine_ran = step_for(self.config.engine, luca, self.head, self.config, PlainStep)
+        return step
 
     def _epochs(self, luca, x, y, batch_features, gen):
-        """The eager loop; yields (epoch, lr, mean CE) after each epoch. Each step is
-        ``CE(head(luca(features)), y) + l1·Σ|p_luca|`` and one SGD-momentum update (lab/tosca/_step.py:
-        flat buffers, and the 'tosca' flow's gradients without autograd's graph; lab/tosca/_fused.py: the
-        same step with its element-wise work in C)."""
+        """The training loop; yields (epoch, lr, mean CE) after each epoch: per epoch the cosine
+        rate, a fresh permutation, one step per batch."""
         cfg, dev = self.config, self.config.device
         step = self._step(luca)
         try:
@@ -250,7 +274,7 @@ class Tosca(nn.Module):
                 lr = cosine_lr(cfg, epoch)
                 ce_sum = torch.zeros((), device=dev)
                 perm = torch.randperm(len(y), generator=gen).to(dev)
-                for idx in perm.split(cfg.batch_size):
+                for idx in perm.split(cfg.batch_size):  # batches of indices [B]
                     ce_sum += step(batch_features(idx), y[idx], lr) * len(idx)
                 yield epoch, lr, float(ce_sum) / len(y)
         finally:

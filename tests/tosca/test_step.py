@@ -1,4 +1,4 @@
-"""The cheap training step (lab/tosca/_step.py) computes exactly what autograd + the per-tensor
+"""The cheap training step (lab/tosca/engines/_step.py) computes exactly what autograd + the per-tensor
 update compute: gradients, updates and whole trained models compared bit for bit."""
 import subprocess
 import sys
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lab.experiments.tosca._synthetic import synthetic_data
-from lab.tosca._step import FlatParams, autograd_grads, by_name, flat_update, tosca_grads
+from lab.tosca.engines._step import FlatParams, autograd_grads, by_name, flat_update, tosca_grads
 from lab.tosca.head import CosineHead
 from lab.tosca.learner import Tosca, add_l1_grad, cosine_lr, sgd_step
 from lab.tosca.luca import FLOWS, LuCA
@@ -87,6 +87,21 @@ def test_the_eager_loop_trains_the_same_model_as_autograd(flow, head_scale_param
     assert torch.equal(new.all_logits(data.test_x), old.all_logits(data.test_x))
     for a, b in zip(new.state_dict().values(), old.state_dict().values()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("flow", FLOWS)
+@pytest.mark.parametrize("head_scale_param", ["positive", "free"])
+def test_the_plain_step_trains_the_model_the_eager_accelerator_trains(flow, head_scale_param):
+    """The default engine ('autograd': loss.backward(), torch.optim.SGD) and the 'eager' accelerator
+    (hand-written backward, flat buffers) give the same model: same losses, logits and weights."""
+    data = synthetic_data(num_tasks=3, dim=32, noise=2.0, n_train=37)  # 74 per task: a short last batch
+    kw = dict(flow=flow, ratio=4, head_scale_param=head_scale_param, weight_decay=1e-4)
+    plain, eager = train_tosca(data, 2, **kw), train_tosca(data, 2, engine="eager", **kw)
+    assert {r["engine"] for r in plain.log} == {"autograd"} and {r["engine"] for r in eager.log} == {"eager"}
+    assert [r["loss"] for r in plain.log] == pytest.approx([r["loss"] for r in eager.log], rel=1e-6)
+    torch.testing.assert_close(plain.all_logits(data.test_x), eager.all_logits(data.test_x), rtol=1e-5, atol=1e-6)
+    for a, b in zip(plain.state_dict().values(), eager.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_the_step_benchmark_runs_and_prints_its_ratios():

@@ -167,7 +167,7 @@ def check_common(args, *, cheap_only: bool = False) -> None:
     import os
 
     from lab import _validate as V
-    from lab.cli import check_cache_dir
+    from lab._validate import check_cache_dir
 
     action = getattr(args, "aware_command", None)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and action != "finetune":   # as distributed.launched()
@@ -554,7 +554,7 @@ def cmd_study(args) -> int:
     import sys
 
     from lab import _validate as V
-    from lab.cli import check_cache_dir
+    from lab._validate import check_cache_dir
     from lab.experiments.aware.plan import PRESETS
 
     check_cache_dir(args.cache_dir)
@@ -658,7 +658,7 @@ def cmd_check(args) -> int:
     from pathlib import Path
 
     from lab import _validate as V
-    from lab.cli import check_cache_dir
+    from lab._validate import check_cache_dir
     from lab.experiments.aware.plan import PRESETS
 
     check_cache_dir(args.cache_dir)

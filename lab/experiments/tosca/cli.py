@@ -109,10 +109,13 @@ def register(subparsers) -> None:
     p.add_argument("--per-batch-size", type=int, default=48, help="test batch of the per-batch protocol (default 48)")
     p.add_argument("--device", default="cpu", help="device of the feature pass and the TOSCA modules (default cpu; "
                                                    "cuda: features in bf16 autocast)")
-    p.add_argument("--engine", default="fused", choices=("fused", "eager", "static", "cuda_graph"),
-                   help="TOSCA training loop: fused (default: the step's element-wise work in C kernels, built "
-                        "once per machine with the C compiler; where it cannot run, eager, said in one line), "
-                        "eager (torch's kernels), static buffers, or one CUDA graph per epoch (GPU)")
+    p.add_argument("--engine", default="autograd", choices=("autograd", "eager", "fused", "compile", "static",
+                                                           "cuda_graph"),
+                   help="TOSCA training step: autograd (default: loss.backward(), torch.optim.SGD); opt-in "
+                        "accelerators of the same update (lab/tosca/engines/): eager (hand-written backward), "
+                        "fused (its element-wise work in C kernels built with the C compiler; where it cannot "
+                        "run, eager, said in one line), compile (torch.compile), static buffers, or one CUDA "
+                        "graph per epoch (GPU)")
     p.add_argument("--head-scale-param", default="positive", choices=("positive", "free"),
                    help="cosine-head scale σ: positive (softplus, stays > 0; default) or free (the reference's "
                         "unconstrained σ, which can turn negative and flip every logit)")
@@ -221,9 +224,8 @@ def check_args(args) -> None:
     created or computed (the run itself checks the datasets and weights before its run folder)."""
     from lab import _validate as V
     from lab import backbones, data, executors, runs
-    from lab.cli import check_backbone_args
 
-    check_backbone_args(args.backbone, args.resolution, args.weights, args.preprocess)
+    backbones.check_args(args.backbone, args.resolution, args.weights, args.preprocess)
     for d in args.dataset:
         data.dataset_info(d)
     V.count("--init", args.init, minimum=0, maximum=CLASSES_MAX)
@@ -462,7 +464,7 @@ def study_main(argv, prog: str = "lab tosca study") -> int:
     import sys
 
     from lab import runs, tracking
-    from lab.cli import one_line
+    from lab._validate import one_line
 
     from . import study
 

@@ -63,6 +63,10 @@ KEYS = ["scenario", "method", "flow", "head_init", "luca_init", "routing"]
 # own manifest hashes it), the `lab tosca` command line and its seed / L1 sweep (the study calls
 # run.py directly): none of them produces a number of the study
 UNHASHED = ("results.py", "efficiency.py", "cli.py", "sweep.py")
+# the training engine of the shipped study (lab/tosca/engines/_fused.py, C kernels): passed to every
+# variant and recorded in the manifest, so a rerun of the shipped command trains as the shipped one did
+# (the library's default is the plain autograd step; docs/measurements.md compares them)
+STUDY_ENGINE = "fused"
 
 
 def variants(base: RunConfig, *, scenarios, seeds, baselines=BASELINES, inits=INITS, routings=None,
@@ -248,7 +252,7 @@ def sources_sha256(unhashed=UNHASHED) -> dict:
     them, included) and lab/experiments/tosca (but the file names in ``unhashed``), keyed by its path
     from the repository root."""
     root = Path(__file__).resolve().parents[2]
-    files = sorted([*(root / "tosca").glob("*.py"), *(root / "tosca").glob("*.c"), root / "_cc.py",
+    files = sorted([*(root / "tosca").rglob("*.py"), *(root / "tosca").rglob("*.c"), root / "_cc.py",
                     *(root / "experiments" / "tosca").glob("*.py")])
     return {f.relative_to(root.parent).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
             for f in files if f.name not in unhashed}
@@ -333,6 +337,10 @@ def parser(prog: str = "lab tosca study") -> argparse.ArgumentParser:
     p.add_argument("--replace", action="store_true",
                    help="allow writing over a study in --out that was made with other settings (the new study is "
                         "written beside it and swapped in as a whole; other files in the folder are kept)")
+    p.add_argument("--engine", default=STUDY_ENGINE,
+                   choices=("autograd", "eager", "fused", "compile", "static", "cuda_graph"),
+                   help=f"TOSCA training engine of every variant (default {STUDY_ENGINE}, the shipped study's; "
+                        "lab tosca --help lists them)")
     p.add_argument("--executor", default="local", choices=("local", "ray"),
                    help="local: one variant after another; ray: one Ray task per variant (finished variants "
                         "are kept in OUT/variants/ and skipped when the same command runs again)")
@@ -392,7 +400,7 @@ def _main(args, argv, prog) -> int:
         args.out = str(runs.new_run_dir("tosca", "study"))
     from .run import RunConfig
 
-    base = RunConfig(epochs=args.epochs, inc=args.inc, resolution=args.resolution)
+    base = RunConfig(epochs=args.epochs, inc=args.inc, resolution=args.resolution, engine=args.engine)
     old = Path(args.out) / "manifest.json"
     if old.exists() and not args.replace:
         from lab._io import read_json
@@ -424,7 +432,7 @@ def _main(args, argv, prog) -> int:
     wall = time.perf_counter() - t0
     import pandas as pd
 
-    manifest = {"command": f"{prog} " + " ".join(argv), **_settings(args),
+    manifest = {"command": f"{prog} " + " ".join(argv), "engine": args.engine, **_settings(args),
                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "machine": machine(), "executor": args.executor,
                 "wall_seconds": round(wall, 1), "runs": len(configs), "base_config": base.to_dict(),

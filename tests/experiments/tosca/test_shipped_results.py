@@ -26,15 +26,28 @@ def test_manifest_names_command_sources_date_machine_and_wall_time(shipped):
     m = shipped.manifest
     assert m["command"].startswith(("lab tosca study", "python -m lab.experiments.tosca.study"))
     assert m["date"] and m["wall_seconds"] > 0 and m["machine"]["platform"]
-    hashed = {p.relative_to(ROOT).as_posix() for p in [*(ROOT / "lab" / "tosca").glob("*.py"),
-                                                       *(ROOT / "lab" / "tosca").glob("*.c"), ROOT / "lab" / "_cc.py",
+    hashed = {p.relative_to(ROOT).as_posix() for p in [*(ROOT / "lab" / "tosca").rglob("*.py"),
+                                                       *(ROOT / "lab" / "tosca").rglob("*.c"), ROOT / "lab" / "_cc.py",
                                                        *(ROOT / "lab" / "experiments" / "tosca").glob("*.py")]
               if p.name not in S.UNHASHED}
-    assert set(m["sources_sha256"]) <= hashed and {"lab/tosca/learner.py", "lab/experiments/tosca/run.py",
-                                                   "lab/tosca/_fused.c", "lab/_cc.py"} <= set(m["sources_sha256"])
+    # the accelerators moved into lab/tosca/engines/ after the study: hashed under their new paths
+    moved = {f"lab/tosca/{n}" for n in ("_fused.py", "_fused.c", "_step.py", "_graph.py")}
+    assert {p for p in hashed if p.startswith("lab/tosca/engines/")} >= {f"lab/tosca/engines/{n.split('/')[-1]}"
+                                                                         for n in moved}
+    assert set(m["sources_sha256"]) <= hashed | moved and {"lab/tosca/learner.py", "lab/experiments/tosca/run.py",
+                                                           "lab/_cc.py"} <= set(m["sources_sha256"])
     assert all(len(v) == 64 for v in m["sources_sha256"].values())
     configs = shipped.runs.drop_duplicates(["scenario", "seed", "method", "flow", "head_init", "luca_init"])
     assert len(configs) == m["runs"]
+
+
+def test_the_study_command_trains_with_the_shipped_engine(shipped):
+    """The library trains with the plain autograd step by default; the study passes its own engine
+    to every variant, the one the shipped manifest records, so rerunning its command reproduces it."""
+    from lab.tosca.learner import ToscaConfig
+
+    assert ToscaConfig().engine == "autograd"
+    assert shipped.manifest["base_config"]["engine"] == S.STUDY_ENGINE == S.parser().parse_args([]).engine
 
 
 def test_every_router_baseline_init_and_flow_over_at_least_three_seeds(shipped):

@@ -1,6 +1,7 @@
-"""One step of the eager TOSCA loop (learner.py), made cheap without changing its numbers: the
-'eager' engine (the default 'fused' engine, lab/tosca/_fused.py, runs the 'tosca' flow's element-wise
-work in C kernels instead, and falls back to this step where it cannot run).
+"""The 'eager' accelerator: the plain TOSCA step (lab/tosca/learner.py: ``loss.backward()``, then
+torch.optim.SGD) made cheap without changing its numbers. The 'fused' accelerator
+(lab/tosca/engines/_fused.py) runs the 'tosca' flow's element-wise work in C kernels instead, and
+falls back to this step where it cannot run.
 
 The loss is ``CE(head(LuCA(x)), y) + l1·Σ|p_luca|`` and the update SGD with momentum, as
 ``add_l1_grad`` + ``sgd_step`` (lab/tosca/_optim.py) define them. At batch 48 on cached features the

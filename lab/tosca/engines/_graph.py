@@ -1,10 +1,11 @@
 """One TOSCA task trained on fixed-shape buffers, optionally captured as ONE CUDA graph per epoch
-(ours, off by default: ``ToscaConfig(cuda_graph=True)``; the GPU path of benchmarks/bench_tosca.py).
+(ours, opt-in: ``ToscaConfig(engine='static')`` or ``engine='cuda_graph'``; the GPU path of
+benchmarks/bench_tosca.py).
 
 Why: at batch 48 a step is ~70 tiny kernels, so a GPU spends its time launching them. Here the
 epoch's batches are rows of a static index buffer ``[steps, B]`` (the last batch padded with
 weight-0 rows), the learning rate is a device scalar, and every step of the epoch is recorded once
-and replayed 20 times. The maths is the eager loop's: same permutation, same batches,
+and replayed 20 times. The maths is the plain step's (lab/tosca/learner.py): same permutation, same batches,
 CE averaged over the real rows, + l1·sign(p), SGD momentum — only float summation order differs.
 ``capture=False`` runs the same static code eagerly (that is how it is tested on a CPU).
 """
@@ -15,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._optim import add_l1_grad, cosine_lr, sgd_step
+from .._optim import add_l1_grad, cosine_lr, sgd_step
 
 
 def static_epochs(luca, head, x, y, cfg, gen: torch.Generator, *, capture: bool, batch_features=None):

@@ -1,10 +1,11 @@
-"""The 'fused' engine: one TOSCA training step on cached features with the element-wise work in C.
+"""The 'fused' accelerator (opt-in; the shipped TOSCA study ran with it): one TOSCA training step
+on cached features with the element-wise work in C.
 
-The step of lab/tosca/_step.py (``CE(head(LuCA(x)), y) + l1·Σ|p_luca|``, then SGD with momentum),
+The step of lab/tosca/engines/_step.py (``CE(head(LuCA(x)), y) + l1·Σ|p_luca|``, then SGD with momentum),
 for the default 'tosca' flow on the CPU in float32, arranged around its 14 matrix products:
 
 * the products are torch's (``addmm``/``mm`` into buffers allocated once per batch shape);
-* everything between them is one kernel of lab/tosca/_fused.c: GELU and its backward, the residual +
+* everything between them is one kernel of lab/tosca/engines/_fused.c: GELU and its backward, the residual +
   LayerNorm and its backward (with the bias gradients), the sigmoid gate and its backward, and the
   cosine head with its cross-entropy, whose normalisations are differentiated by algebra (two
   ``addmm`` finish the head's gradients, see ``head`` in the C file);
@@ -15,7 +16,7 @@ with autograd's to ~1e-6 relative (tests/tosca/test_fused.py): the same maths, o
 (polynomial exp/erf, another summation order), so a run's numbers differ from the 'eager' engine's
 in the last digits. benchmarks/bench_tosca_step.py times it against the bare products + update.
 
-The learner takes the eager step where this one does not apply (another flow, another device:
+The learner takes the 'eager' step where this one does not apply (another flow, another device:
 :func:`covers`) or cannot be had (no C compiler, a compiler that fails or hangs, a cached library
 that fails its checks and cannot be rebuilt: :func:`why_not_built`, said in one line), and its log
 records which engine ran.
@@ -85,7 +86,7 @@ class _Buffers:
 
 
 class FusedStep:
-    """One task's step ``step(x, y, lr) -> CE`` (a float), as :class:`~lab.tosca._step.TrainStep`;
+    """One task's step ``step(x, y, lr) -> CE`` (a float), as :class:`~lab.tosca.engines._step.TrainStep`;
     ``close()`` when the task is done. Needs :func:`covers` and :func:`kernels`."""
 
     def __init__(self, luca, head, cfg):
