@@ -1,9 +1,12 @@
 """The interactive lab in a real browser: JupyterLab (started as ``lab jupyter`` starts it) in
-headless Chromium runs notebooks 01, 02, 04 and 05 with their smoke parameters through the page
-(Run All Cells), then moves one control of each notebook's panel through the widget DOM and checks
-what a student sees: the figure INSIDE the panel redraws (new title or data), nothing new appears
-anywhere else in the notebook, no figure sits outside the panel in the panel's cell, and the
-browser console stays free of errors. Also measures how long after the control change the panel's
+headless Chromium runs notebooks 01 to 05 with their smoke parameters through the page (Run All
+Cells), then moves controls of each notebook's panel through the widget DOM and checks what a
+student sees: the figure INSIDE the panel redraws (new title or data), nothing new appears
+anywhere else in the notebook, no figure sits outside the panel in the panel's cell, the figure
+being recomputed is dimmed in the page (its computed opacity), a control that does nothing for the
+current choice is disabled with its reason, a slider's range follows what it indexes (notebook 03's
+layer slider on the projector's two Linears), a rapid sequence of changes ends on the last one, and
+the browser console stays free of errors. Also measures how long after the control change the panel's
 figure changes (printed; ``-s`` shows it). The same check runs once in Notebook 7 (``lab jupyter
 --ui notebook``) on a two-cell notebook that shows notebook 04's panel on the shipped AWARe study:
 same server, kernels and widget manager, a different page around them (the panel's notebook itself
@@ -45,8 +48,9 @@ RUN_ALL_S = 240           # one notebook's Run All Cells with smoke parameters
 REDRAW_S = 60             # a control change until the panel's figure changes
 PAGE_TIMEOUT_MS = 30_000
 PANEL_NOTEBOOKS = ("01_ventral_vs_prefrontal", "02_tosca_sparsity_orthogonality", "04_aware_ablations",
-                   "05_your_own_idea")
+                   "05_your_own_idea", "03_aware_saliency")
 NOTEBOOK7_NOTEBOOK = "panel_only"  # notebook 04's panel alone (see _write_panel_notebook)
+TOSCA_NOTEBOOK = "tosca_panel"     # notebook 02's panel alone on its smoke data (see _write_tosca_notebook)
 
 # JupyterLab settings for the test: every cell stays in the DOM (no windowing) so the page can be
 # inspected whole; no update or news checks (nothing leaves the machine).
@@ -82,6 +86,26 @@ def _write_panel_notebook(folder: Path) -> None:
     nbf.write(nb, folder / f"{NOTEBOOK7_NOTEBOOK}.ipynb")
 
 
+def _write_tosca_notebook(folder: Path) -> None:
+    """``tosca_panel.ipynb``: notebook 02's TOSCA panel as it builds it, on its smoke data (mnist_5k,
+    64 px, B0 Inc2, 2 epochs), without the rest of the notebook."""
+    import nbformat as nbf
+
+    from lab.jupyter import DEFAULT_KERNEL
+
+    nb = nbf.v4.new_notebook()
+    nb.cells = [nbf.v4.new_markdown_cell("Notebook 02's panel on its smoke data."),
+                nbf.v4.new_code_cell("from lab import backbones, data, features\n"
+                                     "from lab.experiments.tosca.methods import ScenarioData\n"
+                                     "from lab.widgets import ToscaPanel\n"
+                                     "scn = data.scenario(['mnist_5k'], init=0, inc=2, seed=1993)\n"
+                                     "bb = backbones.load('efficientnet_lite0', resolution=64)\n"
+                                     "sd = ScenarioData.from_scenario(scn, features.scenario_features(scn, bb), backbone=bb)"),
+                nbf.v4.new_code_cell("ToscaPanel(sd, epochs=2, batch_size=48)")]
+    nb.metadata["kernelspec"] = {"name": DEFAULT_KERNEL, "display_name": DEFAULT_KERNEL, "language": "python"}
+    nbf.write(nb, folder / f"{TOSCA_NOTEBOOK}.ipynb")
+
+
 def _prepare(folder: Path, names=PANEL_NOTEBOOKS) -> None:
     """Papermill-parameterised (smoke profile), unexecuted copies of the panel notebooks."""
     import papermill
@@ -92,6 +116,9 @@ def _prepare(folder: Path, names=PANEL_NOTEBOOKS) -> None:
     for name in names:
         if name == NOTEBOOK7_NOTEBOOK:
             _write_panel_notebook(folder)
+            continue
+        if name == TOSCA_NOTEBOOK:
+            _write_tosca_notebook(folder)
             continue
         src = ROOT / "notebooks" / f"{name}.ipynb"
         papermill.execute_notebook(str(src), str(folder / src.name), parameters=params.resolve(src, "smoke"),
@@ -151,11 +178,15 @@ def _serve(base: Path, ui: str, names=PANEL_NOTEBOOKS):
     parser = argparse.ArgumentParser(prog="lab")
     jupyter.register(parser.add_subparsers())
     port = _free_port()
-    app = {"lab": "--LabApp", "notebook": "--JupyterNotebookApp"}[ui]
     args = parser.parse_args(["jupyter", "--ui", ui, "--root-dir", str(nbdir), "--port", str(port), "--",
-                              f"{app}.user_settings_dir={settings}", f"{app}.workspaces_dir={base / 'ws'}",
-                              *(["--LabApp.news_url=None"] if ui == "lab" else []), "--ServerApp.log_level=WARN"])
-    argv, env, url = jupyter.build_command(args)
+                              "--ServerApp.log_level=WARN"])
+    # the test's own JupyterLab settings and workspaces: where lab jupyter finds a user's (its
+    # allow-list passes no folder on the command line); the news pop-up is off in lab jupyter itself
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, {"JUPYTERLAB_SETTINGS_DIR": str(settings),
+                                      "JUPYTERLAB_WORKSPACES_DIR": str(base / "ws")}):
+        argv, env, url = jupyter.build_command(args)
     env = {**env, "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "JUPYTER_CONFIG_DIR": str(home / "config"),
            "PYTHONUNBUFFERED": "1"}
     log = (base / "server.log").open("w")
@@ -188,7 +219,7 @@ def _serve(base: Path, ui: str, names=PANEL_NOTEBOOKS):
 
 @pytest.fixture(scope="module")
 def lab_server(tmp_path_factory):
-    with _serve(tmp_path_factory.mktemp("lab-browser"), "lab") as server:
+    with _serve(tmp_path_factory.mktemp("lab-browser"), "lab", (*PANEL_NOTEBOOKS, TOSCA_NOTEBOOK)) as server:
         yield server
 
 
@@ -260,6 +291,8 @@ def _run_all(page, server, name: str) -> dict:
 
 
 _STATUS = "() => document.querySelector('.lab-panel .lab-panel-status')?.textContent || ''"
+# what the browser draws: the output area's computed opacity (1 = not dimmed)
+_OPACITY = "() => Number(getComputedStyle(document.querySelector('.lab-panel .lab-panel-output')).opacity)"
 
 
 def _change_and_wait(page, name: str, action, expect, *, busy: bool = False) -> tuple[list[dict], list[dict]]:
@@ -268,11 +301,12 @@ def _change_and_wait(page, name: str, action, expect, *, busy: bool = False) -> 
     before = page.evaluate(_PANEL_FIGURES)
     outside = page.evaluate(_OUTSIDE)
     assert before and outside["strayInPanelCell"] == 0, f"{name}: figures outside the panel: {outside}"
+    page.wait_for_function(f"() => ({_OPACITY})() === 1", timeout=PAGE_TIMEOUT_MS)   # not dimmed at rest
     t0 = time.perf_counter()
     action()
     # Poll what is drawn until it differs from before and satisfies `expect` (a redraw passes
     # through transient states: the figures dim while the kernel computes, plotly re-lays out).
-    after, deadline, seen_busy = before, t0 + REDRAW_S, False
+    after, deadline, seen_busy, dimmest = before, t0 + REDRAW_S, False, 1.0
     while not (after != before and len(after) == len(before) and all(f["drawn"] for f in after) and expect(after)):
         if time.perf_counter() > deadline:
             status = page.locator(".lab-panel .lab-panel-status").inner_text()
@@ -280,11 +314,14 @@ def _change_and_wait(page, name: str, action, expect, *, busy: bool = False) -> 
                         f"status {status!r}; titles {[f['title'] for f in after]}")
         page.wait_for_timeout(100)
         seen_busy = seen_busy or "computing" in page.evaluate(_STATUS)
+        dimmest = min(dimmest, page.evaluate(_OPACITY))
         after = page.evaluate(_PANEL_FIGURES)
     seconds = time.perf_counter() - t0
     status = page.locator(".lab-panel .lab-panel-status").inner_text()
     assert "computing" not in status and "Error" not in status, status
     assert seen_busy or not busy, f"{name}: the panel never showed 'computing…' while it re-trained"
+    assert dimmest < 0.5 or not busy, f"{name}: the figures were never dimmed while it re-trained ({dimmest})"
+    page.wait_for_function(f"() => ({_OPACITY})() === 1", timeout=PAGE_TIMEOUT_MS)   # and undimmed after
     now = page.evaluate(_OUTSIDE)
     assert now["n"] == outside["n"] and now["strayInPanelCell"] == 0, \
         f"{name}: output appeared outside the panel: {outside} -> {now}"
@@ -356,6 +393,21 @@ def test_stage_picker_redraws_inside_the_panel(notebook, lab_page):
     assert not console, f"browser console errors: {console}"
 
 
+def _control(page, kind: str, description: str):
+    """The panel's control of a widget kind (``widget-slider``, ``widget-dropdown``...) by its label."""
+    return page.locator(f".lab-panel .{kind}", has=page.locator(".widget-label", has_text=description))
+
+
+_SLIDER_STATE = """(label) => {
+  const box = [...document.querySelectorAll('.lab-panel .widget-slider')]
+    .find(b => b.querySelector('.widget-label')?.textContent.trim() === label);
+  const handle = box.querySelector('.noUi-handle');
+  return {max: Number(handle.getAttribute('aria-valuemax')), value: Number(handle.getAttribute('aria-valuenow')),
+          disabled: box.querySelector('.noUi-target').hasAttribute('disabled') || box.classList.contains('mod-disabled'),
+          tooltip: box.getAttribute('title') || box.querySelector('.widget-label')?.getAttribute('title') || ''};
+}"""
+
+
 def test_tosca_panel_retrains_and_redraws_inside_the_panel(notebook, lab_page):
     page, console = lab_page
     notebook(PANEL_NOTEBOOKS[1])
@@ -365,6 +417,65 @@ def test_tosca_panel_retrains_and_redraws_inside_the_panel(notebook, lab_page):
     assert all("L1=5.0e-04" in f["title"] for f in before)
     status = page.locator(".lab-panel .lab-panel-status").inner_text()
     assert "head scale σ" in status and "warning" not in status, status  # σ stays > 0 by default
+    assert not console, f"browser console errors: {console}"
+
+
+def test_tosca_panel_dims_and_explains_its_controls(notebook, lab_page):
+    """Notebook 02's panel on its smoke data, alone (``tosca_panel``): while it re-trains the figures
+    are dimmed in the page; the test batch slider is disabled with its reason for the routers that
+    route each image alone, and the status line names a batch only for per-batch routing."""
+    page, console = lab_page
+    notebook(TOSCA_NOTEBOOK)
+    status = page.evaluate(_STATUS)
+    batch = page.evaluate(_SLIDER_STATE, "test batch")
+    assert batch["disabled"] and "routes each image on its own" in batch["tooltip"], batch
+    assert "batch 48" not in status and "test batch: not used by per-sample" in status, status
+    _change_and_wait(page, "TOSCA panel: L1 -> 1e-2 (re-trains every task, dimmed meanwhile)",
+                     _type_readout(page, "L1", "1e-2"),
+                     lambda figs: all("L1=1.0e-02" in f["title"] for f in figs), busy=True)
+    _change_and_wait(page, "TOSCA panel: routing -> energy",
+                     lambda: _control(page, "widget-dropdown", "routing").locator("select").select_option("energy"),
+                     lambda figs: "TOSCA (energy)" in figs[2]["data"])
+    status = page.evaluate(_STATUS)
+    assert "energy" in status and "energy, batch" not in status and page.evaluate(_SLIDER_STATE, "test batch")["disabled"]
+    _change_and_wait(page, "TOSCA panel: routing -> per-batch (shuffled)",
+                     lambda: _control(page, "widget-dropdown", "routing").locator("select")
+                     .select_option("per-batch (shuffled)"),
+                     lambda figs: "per-batch (shuffled)" in figs[2]["data"])
+    assert not page.evaluate(_SLIDER_STATE, "test batch")["disabled"]
+    assert "per-batch (shuffled), batch 48" in page.evaluate(_STATUS)
+    assert not console, f"browser console errors: {console}"
+
+
+def test_mask_panel_layer_slider_follows_the_target_shown(notebook, lab_page):
+    """Notebook 03 (smoke: a tiny 2-layer model): the layer slider spans the layers of the target picked
+    in `show`; on the projector (two Linears) its range is 0-1 and the layer profile is drawn, never
+    dropped; after a rapid sequence of rho changes the figures show the value the slider shows."""
+    page, console = lab_page
+    notebook(PANEL_NOTEBOOKS[4])
+    first = page.evaluate(_SLIDER_STATE, "layer")
+    assert first["max"] >= 1 and not first["disabled"], first
+    before, after = _change_and_wait(
+        page, "03 mask panel: show -> projector",
+        lambda: _control(page, "widget-dropdown", "show").locator("select").select_option("projector"),
+        lambda figs: len(figs) == 3 and "projector, layer" in figs[2]["title"])
+    state = page.evaluate(_SLIDER_STATE, "layer")
+    assert state["max"] == 1 and state["value"] <= 1, state
+    _change_and_wait(page, "03 mask panel: layer -> 0 on the projector", _type_readout(page, "layer", "0"),
+                     lambda figs: "projector, layer 0" in figs[2]["title"])
+    t0 = time.perf_counter()
+    for rho in ("0.4", "0.5", "0.6", "0.7"):                      # a rapid sequence: no wait in between
+        _type_readout(page, "rho", rho)()
+    settled = f"() => !({_STATUS})().includes('computing') && ({_OPACITY})() === 1"
+    page.wait_for_function(settled, timeout=REDRAW_S * 1000)
+    page.wait_for_timeout(1500)                                    # nothing still on its way from the kernel
+    page.wait_for_function(settled, timeout=REDRAW_S * 1000)
+    rho = page.evaluate(_SLIDER_STATE, "rho")["value"]
+    titles = [f["title"] for f in page.evaluate(_PANEL_FIGURES)]
+    assert rho != 0.3 and f"rho={rho:g}" in titles[0], (rho, titles)   # the figure is the control's last value
+    print(f"\n03 mask panel: four rho changes in a row settled on rho={rho:g} "
+          f"{time.perf_counter() - t0:.2f} s after the first")
+    assert "Error" not in page.evaluate(_STATUS) and len(page.evaluate(_PANEL_FIGURES)) == 3
     assert not console, f"browser console errors: {console}"
 
 
@@ -403,6 +514,7 @@ def test_router_panel_adds_a_builtin_inside_the_panel(notebook, lab_page):
     notebook(PANEL_NOTEBOOKS[3])
     picked = page.locator(".lab-panel .widget-select-multiple select")
     assert [o.strip() for o in picked.locator("option").all_inner_texts()] == ["per-sample", "energy", "ncm", "oracle"]
+    assert "Ctrl-click" in page.locator(".lab-panel .lab-panel-hint").inner_text()   # how to pick several
     text_before = page.evaluate(_PANEL_TEXT)
     status_before = page.evaluate(_STATUS)
     before, after = _change_and_wait(

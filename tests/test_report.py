@@ -355,7 +355,7 @@ def test_help_documents_the_options(capsys):
     with pytest.raises(SystemExit):
         run_cli("--help")
     out = capsys.readouterr().out
-    for opt in ("--only", "--out", "--params", "--no-png", "smoke"):
+    for opt in ("--only", "--out", "--params", "--no-png", "smoke", "--solutions", "solutions/"):
         assert opt in out
 
 
