@@ -51,13 +51,20 @@ import numpy as np
 SCENARIOS = ("fashion_mnist_mini", "mnist_5k+fashion_mnist_mini")
 SEEDS = tuple(range(1993, 1998))
 # from none to past the point where every gate sits at 0.5 (the reference's 5e-4 among them)
-L1S = (0.0, 1e-4, 5e-4, 1e-3, 2e-3, 5e-3)
+L1S = (0.0, 1e-4, 5e-4, 1e-3, 2e-3, 5e-3, 2e-2)
 EPOCHS = (20, 60)          # the reference's 20 and three times as long
 THRESHOLD = 1e-3           # |w| below this counts as near zero
 TOP = 0.1                  # active dimensions: this fraction of d with the largest |mean gate - 0.5|
 ACTIVE_MIN = 0.01          # ... of those with |mean gate - 0.5| >= this (below it a gate does not select)
 OPEN, CLOSED = 0.9, 0.1    # a gate above OPEN is open, below CLOSED closed
 NULL_DRAWS = 1000          # draws of the permutation null per run
+# the training engine: the shipped TOSCA study's (lab.experiments.tosca.study.STUDY_ENGINE, the fused C
+# step), so this study's reference regime is that study's runs; recorded in the manifest
+ENGINE = "fused"
+# what makes this study's numbers, hashed into its manifest: lab/tosca (every engine), the C builder and
+# these files of lab/experiments/tosca
+SOURCES = ("__init__.py", "_base.py", "augment.py", "baselines.py", "layerwise.py", "methods.py", "run.py",
+           "mechanism.py")
 TABLES = ("runs.csv", "modules.csv", "parts.csv", "pairs.csv")
 # LuCA parameter -> (part, kind); kind 'weight' are the four matrices L1 is meant to sparsify
 PARTS = {"down.weight": ("adapter down", "weight"), "up.weight": ("adapter up", "weight"),
@@ -78,6 +85,7 @@ class Variant:
     top: float = TOP
     active_min: float = ACTIVE_MIN
     null_draws: int = NULL_DRAWS
+    engine: str = ENGINE
 
 
 def variants(scenarios=SCENARIOS, seeds=SEEDS, l1s=L1S, epochs=EPOCHS) -> list[Variant]:
@@ -246,7 +254,7 @@ def run_one(v: Variant, data=None) -> dict:
     from .run import RunConfig
 
     data = data if data is not None else _scenario_data(v.scenario, v.seed, _DATA)
-    cfg = RunConfig(datasets=tuple(v.scenario.split("+")), seed=v.seed, epochs=v.epochs, l1=v.l1)
+    cfg = RunConfig(datasets=tuple(v.scenario.split("+")), seed=v.seed, epochs=v.epochs, l1=v.l1, engine=v.engine)
     torch.manual_seed(cfg.seed)                                  # as lab.experiments.tosca.run
     method = create("tosca", data.dim, cfg.tosca_config())
     A, train_s = [], 0.0
@@ -378,14 +386,15 @@ def _main(args, argv, prog) -> int:
     from lab import _io, executors
 
     from . import mechanism_results as MR
-    from .study import UNHASHED, _digest, _write_csv, machine, sources_sha256
+    from .study import _digest, _write_csv, machine, sources_sha256
 
     _check(args)
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     vs = variants(args.scenarios, args.seeds, sorted(set(args.l1)), sorted(set(args.epochs)))
-    sources = sources_sha256((*UNHASHED, "mechanism_results.py"))   # what makes the numbers, this file included
+    sources = {k: h for k, h in sources_sha256(()).items()     # what makes the numbers (SOURCES), this file included
+               if not k.startswith("lab/experiments/tosca/") or k.rsplit("/", 1)[1] in SOURCES}
     t0 = time.perf_counter()
     jobs = [executors.Job(executors.key(f"{v.scenario}-s{v.seed}-e{v.epochs}-l1{v.l1:g}", v), _job, v) for v in vs]
     results = executors.run(jobs, executor="local", results_dir=scratch() / _digest(sources), log=print)
@@ -402,7 +411,7 @@ def _main(args, argv, prog) -> int:
                 "measures": {"threshold": THRESHOLD, "top": TOP, "active_min": ACTIVE_MIN, "open": OPEN, "closed": CLOSED,
                              "null_draws": NULL_DRAWS},
                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-                "executor": "local", "wall_seconds": round(wall, 1),
+                "executor": "local", "engine": ENGINE, "wall_seconds": round(wall, 1),
                 "run_seconds": round(float(tables["runs.csv"].train_s.sum()), 1), "runs": len(vs),
                 "sources_sha256": sources, "variant": asdict(vs[0])}
     _io.write_json(out / "manifest.json", {**manifest, "sha256": MR.table_hashes(out)})

@@ -28,6 +28,12 @@ def test_weight_sparsity_pools_the_weight_matrices_and_leaves_biases_apart():
     assert M.weight_sparsity(parts) == {0: pytest.approx((150 + 100) / 400)}
 
 
+def test_the_study_trains_with_the_shipped_tosca_studys_engine():
+    from lab.experiments.tosca.study import STUDY_ENGINE
+
+    assert M.ENGINE == STUDY_ENGINE and M.Variant("s", 1, 0.0, 1).engine == M.ENGINE
+
+
 def test_every_luca_parameter_has_a_part_and_a_kind():
     from lab.tosca.luca import LuCA
 
@@ -77,7 +83,7 @@ def test_one_run_on_synthetic_features_is_the_harness_run(tmp_path):
     data = synthetic_data(num_tasks=3, dim=32, seed=3)
     v = M.Variant("fashion_mnist_mini", seed=1993, l1=5e-4, epochs=2)   # its features: data=
     out = M.run_one(v, data=data)
-    ref = run(RunConfig(epochs=2, l1=5e-4, seed=1993, routings=("per-sample",)), data=data, runs_root=tmp_path,
+    ref = run(RunConfig(epochs=2, l1=5e-4, seed=1993, routings=("per-sample",), engine=M.ENGINE), data=data, runs_root=tmp_path,
               progress=False).summary.set_index("routing").loc["per-sample"]
     assert out["run"]["A_B"] == pytest.approx(ref.last_acc) and out["run"]["avg_inc_acc"] == pytest.approx(ref.avg_inc_acc)
     assert out["run"]["routing_accuracy"] == pytest.approx(100 * ref.routing_accuracy_last)
@@ -154,6 +160,7 @@ def shipped():
 def test_shipped_study_covers_what_it_claims(shipped):
     man, runs = shipped.manifest, shipped.runs
     assert man["command"].startswith("lab tosca study mechanism") and man["wall_seconds"] > 0
+    assert man["engine"] == M.ENGINE
     assert man["date"] and man["machine"]["platform"] and man["sources_sha256"]
     assert len(shipped.seeds) >= 5 and set(shipped.scenarios) == set(M.SCENARIOS)
     assert 0.0 in man["l1"] and len(man["l1"]) >= 6 and 20 in man["epochs"] and max(man["epochs"]) > 20
