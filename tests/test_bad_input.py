@@ -816,3 +816,23 @@ def test_options_the_method_uses_are_accepted(argv, tmp_path, monkeypatch):
     args = cli.build_parser(["tosca"]).parse_args(["tosca", *argv])
     tosca_cli.check_args(args)
     assert set(tosca_cli.given(args)) >= {a[2:].replace("-", "_") for a in argv if a.startswith("--")}
+
+
+def test_report_never_writes_over_its_source_notebooks_or_the_repository(tmp_path):
+    """`lab report --out` refuses the folder of the source notebooks (the repository's or --notebooks'),
+    the repository itself and its tracked folders other than reports/; nothing is written."""
+    src = tmp_path / "nbs"
+    src.mkdir()
+    nb = ROOT / "notebooks" / "00_quickstart.ipynb"
+    (src / nb.name).write_bytes(nb.read_bytes())
+    shipped = nb.read_bytes()
+    cases = [(["--notebooks", str(src), "--out", str(src), "-p", "x=2"], "source notebooks"),
+             (["--only", "00_quickstart", "--params", "smoke", "--out", str(ROOT / "notebooks")], "source notebooks"),
+             (["--only", "00_quickstart", "--out", str(ROOT / "results" / "x")], "tracked folder results/"),
+             (["--only", "00_quickstart", "--out", str(ROOT)], "the repository itself")]
+    for argv, fragment in cases:
+        p = subprocess.run([sys.executable, "-m", "lab", "report", *argv], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 2 and fragment in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert (src / nb.name).read_bytes() == nb.read_bytes() and nb.read_bytes() == shipped
+    assert not (ROOT / "results" / "x").exists()

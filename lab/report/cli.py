@@ -27,6 +27,40 @@ also writes reports/solutions/: each notebook's page with its exercises' solutio
 TIMEOUT_MAX = 7 * 24 * 3600   # --timeout: a week
 
 
+def refuse_input_folder(out, notebooks=None) -> None:
+    """``--out`` never lands on what the report reads or the repository keeps: not a folder that holds
+    a source notebook (the one given by ``--notebooks``, or the repository's), not inside it, not a
+    tracked folder of the repository other than ``reports/`` (its results, its code, its docs). One
+    line naming the folder, before any notebook runs."""
+    import subprocess
+    from pathlib import Path
+
+    from lab import _validate as V
+    from lab.report.pipeline import repo_root
+
+    root = repo_root().resolve()
+    dest = Path(out).expanduser().resolve()
+    sources = [Path(notebooks).expanduser().resolve() if notebooks else root / "notebooks"]
+    for src in sources:
+        if dest == src or src in dest.parents or (dest.is_dir() and any(dest.glob("*.ipynb"))
+                                                   and not (dest / "index.html").exists()):
+            raise V.bad("--out", str(out), f"holds (or is inside) the source notebooks {src}: the rendered copies "
+                                           "would be written over them; give another folder (default: reports/)")
+    reports = root / "reports"
+    if dest == root:
+        raise V.bad("--out", str(out), "is the repository itself; write reports to reports/ or outside the repository")
+    if root in dest.parents and dest != reports and reports not in dest.parents:
+        top = dest.relative_to(root).parts[0]
+        try:
+            tracked = subprocess.run(["git", "-C", str(root), "ls-files", "--", f"{top}/"],
+                                     capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            tracked = "unknown"
+        if tracked:
+            raise V.bad("--out", str(out), f"is inside the repository's tracked folder {top}/ (its code, results or "
+                                           "docs); write reports to reports/ or outside the repository")
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Folders, timeout and kernel of `lab report`, before any notebook runs (names and parameter
     types are checked by :func:`lab.report.pipeline.render` against every notebook first)."""
@@ -40,6 +74,7 @@ def check_args(args: argparse.Namespace) -> None:
         V.in_dir("--notebooks", args.notebooks)
     if args.out is not None:
         V.out_dir("--out", args.out)
+        refuse_input_folder(args.out, args.notebooks)
     else:
         from lab.report.pipeline import repo_root
 
