@@ -46,7 +46,7 @@ def _descendants(model_id: str, states: dict, seen: set | None = None):
 def _figure_html(fig: dict) -> str:
     import plotly.io as pio
 
-    # plotly.js is inlined once per page by lab.report.setup_notebook(); figures only reference it.
+    # plotly.js is loaded once per page (lab.report.setup_notebook(), the pipeline); figures only reference it.
     return pio.to_html(fig, include_plotlyjs=False, full_html=False)
 
 

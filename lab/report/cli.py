@@ -6,9 +6,9 @@ import sys
 
 DESCRIPTION = """\
 Execute every notebook in notebooks/ (sorted) through papermill with its report parameters,
-write the executed notebook and an HTML page that renders fully offline (plotly inlined, no CDN
-scripts) into reports/, static PNGs of key figures (kaleido + Chromium, when present) and
-reports/index.html with one card per notebook: its headline numbers and wall time.
+write the executed notebook and an HTML page that renders fully offline (plotly.js loaded from
+reports/assets/, no CDN scripts) into reports/, static PNGs of key figures (kaleido + Chromium,
+when present) and reports/index.html with one card per notebook: its headline numbers and wall time.
 
 A notebook declares its parameter profiles in its metadata ("continual-lab" -> "params" ->
 "report"/"smoke"); see lab.report.params. Two notebooks run side by side on a machine with two

@@ -214,7 +214,7 @@ def kernel_manager_class(env: dict[str, str] | None = None):
 
 
 def _no_save_per_cell(nb_man) -> None:
-    """papermill writes the whole executed notebook (5-8 MB with plotly.js inlined) before and after
+    """papermill writes the whole executed notebook (5-8 MB when plotly.js was inlined) before and after
     every cell, ~80 writes a notebook; here it writes at the end, on a failure, and every 30 s during
     a long cell (its autosave), which is all the report reads."""
     real_save = nb_man.save
