@@ -615,8 +615,9 @@ def test_schedule_runs_at_most_jobs_at_once_and_after_what_a_notebook_names(tmp_
 
 
 def test_a_bad_after_list_fails_before_any_kernel(tmp_path, capsys):
-    _with_after(tmp_path, "a", "00_quickstart")              # a string, not a list
-    assert run_cli("--notebooks", str(tmp_path), "--out", str(tmp_path / "out")) == 2
+    (tmp_path / "nb").mkdir()                                 # --out may not sit inside the notebooks' folder
+    _with_after(tmp_path / "nb", "a", "00_quickstart")       # a string, not a list
+    assert run_cli("--notebooks", str(tmp_path / "nb"), "--out", str(tmp_path / "out")) == 2
     assert "after must be a list of notebook names" in capsys.readouterr().err
     assert not (tmp_path / "out" / "a.ipynb").exists()
 
