@@ -602,6 +602,10 @@ def readme_section(shipped: Shipped) -> str:
         parts += ["", "TOSCA's mechanism — weight sparsity, gate openness and the tasks' active-dimension overlap "
                       "against chance, over L1 strength and training length — is measured in "
                       "[mechanism/README.md](mechanism/README.md)."]
+    if (shipped.folder / "ventral" / "manifest.json").is_file():
+        parts += ["", "Notebook 01's comparisons over seeds (linear probe by stage, what full fine-tuning does to the "
+                      "other classes' read-out, its task accuracy against TOSCA's) are in `ventral/per_seed.csv`, "
+                      "written by `python -m lab.experiments.tosca.ventral`."]
     for scn in shipped.scenarios:
         parts += ["", f"## {SCENARIO_NAMES.get(scn, scn)}", "",
                   "TOSCA (reference initialisation) under each router, and the baselines (accuracies in %):", "",
@@ -741,8 +745,8 @@ def what_we_found(shipped: Shipped, mech=None) -> str:
     out.append("* **Per-batch routing reports a protocol**: " + "; ".join(f"on {s}, {per_batch_sentence(runs, s)}"
                                                                       for s in scns) + ".")
     if mech is not None:
-        from . import mechanism_results as MR
+        from . import mechanism_views as MV
 
-        out.append("* **Sparsity and orthogonality** (the mechanism study, sections 4–6): " + MR.headline(mech) + " "
-                   + " ".join(MR.gates_sentence(mech, s) for s in mech.scenarios[:1]))
+        out.append("* **Sparsity and orthogonality** (the mechanism study, sections 4–6): " + MV.headline(mech) + " "
+                   + " ".join(MV.plainly(mech, s) for s in mech.scenarios))
     return "\n".join(out)

@@ -62,7 +62,9 @@ KEYS = ["scenario", "method", "flow", "head_init", "luca_init", "routing"]
 # not hashed for this study: the reader of the shipped tables, the efficiency measurement (efficiency.py's
 # own manifest hashes it), the `lab tosca` command line and its seed / L1 sweep (the study calls
 # run.py directly): none of them produces a number of the study
-UNHASHED = ("results.py", "efficiency.py", "cli.py", "sweep.py")
+UNHASHED = ("results.py", "efficiency.py", "cli.py", "sweep.py",
+            # the mechanism study and notebook 01's table: their own commands and manifests
+            "mechanism.py", "mechanism_results.py", "mechanism_views.py", "ventral.py")
 # the training engine of the shipped study (lab/tosca/engines/_fused.py, C kernels): passed to every
 # variant and recorded in the manifest, so a rerun of the shipped command trains as the shipped one did
 # (the library's default is the plain autograd step; docs/measurements.md compares them)

@@ -13,6 +13,7 @@ import pytest
 
 from lab.experiments.tosca import mechanism as M
 from lab.experiments.tosca import mechanism_results as MR
+from lab.experiments.tosca import mechanism_views as MV
 from lab.experiments.tosca._synthetic import synthetic_data
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -170,7 +171,7 @@ def test_shipped_study_covers_what_it_claims(shipped):
 
 
 def test_shipped_derived_files_are_the_tables_read_back(shipped):
-    assert (SHIPPED / "README.md").read_text() == MR.readme(shipped), \
+    assert (SHIPPED / "README.md").read_text() == MV.readme(shipped), \
         "results/tosca/mechanism/README.md out of date: python -m lab.experiments.tosca.mechanism_results"
     got = pd.read_csv(SHIPPED / "verdicts.csv")
     want = MR.verdicts(shipped)
