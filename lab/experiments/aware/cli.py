@@ -597,7 +597,10 @@ def cmd_study(args) -> int:
     if f is not None and len(f):
         print("\nverdicts (R at matched downstream accuracy, paired by seed, 95 % t-interval):")
         for r in f.to_dict("records"):
-            d = f"{r['diff']:+.1f} [{r['lo']:+.1f}, {r['hi']:+.1f}] pts, " if r["seeds"] else ""
+            import math
+
+            d = "" if not r["seeds"] else f"{r['diff']:+.1f} pts (one seed), " if math.isnan(r["lo"]) else \
+                f"{r['diff']:+.1f} [{r['lo']:+.1f}, {r['hi']:+.1f}] pts, "
             print(f"  {r['finding']} ({r['b'].split('/')[-1]}): {d}{r['verdict']}")
     print(f"\nwall time {res['manifest']['wall_s']:.0f}s; tables and manifest.json in {res['out']}")
     tracking.log_aware_study(track, res, args.preset)

@@ -169,7 +169,7 @@ def compare_rows(runs, name: str, a: str, b: str, seeds) -> list[dict]:
 def finding_verdict(rows, claim: str) -> tuple[str, float, float, float, int]:
     """A claim's verdict from the ``level=None`` (mean over shared levels) retention row of a comparison:
     ``(verdict, diff, lo, hi, seeds)``."""
-    r = next((r for r in rows if r["read"] == "retention" and r["level"] is None and "diff" in r
+    r = next((r for r in rows if r["read"] == "retention" and _nan(r["level"]) and "diff" in r
               and not _nan(r.get("diff"))), None)
     if r is None:
         return "not comparable (no shared downstream range)", math.nan, math.nan, math.nan, 0

@@ -584,7 +584,7 @@ def takeaway(study: dict) -> str:
             continue
         sign = "more" if r.diff > 0 else "less"
         words.append(f"against {name(r.b)}, AWARe keeps {abs(r.diff):.1f} points {sign} upstream retention at the same "
-                     f"downstream accuracy ({_fmt(r.diff, r.lo, r.hi, 1, signed=True)}, {int(r.seeds)} seeds: "
+                     f"downstream accuracy ({_fmt(r.diff, r.lo, r.hi, 1, signed=True)}, {int(r.seeds)} seed{'s' if r.seeds != 1 else ''}: "
                      f"{'no difference detected' if r.verdict == 'no difference detected' else r.verdict})")
     text = "Read along the learning-rate fronts, " + "; ".join(words) + "."
     paper = f[~f.b.str.startswith("methods/")]
