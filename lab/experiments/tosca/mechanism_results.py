@@ -5,8 +5,12 @@ them into sentences, tables, figures and the README).
 Intervals follow the lab's one rule (:mod:`lab.stats`): a 95 % t-interval over per-seed values; a
 difference (overlap minus chance, L1 against none) is computed per seed first. The claim, in two parts:
 
+Regimes whose gates are dead — mean |g − 0.5| below :data:`DEAD` (0.001), under 2 % of a freshly
+initialised module's (about 0.06) — select no dimensions, so no overlap test counts them (a few
+residual dimensions can still pass the 0.01 floor there, and would be compared as if selected).
+
 1. *L1 makes the modules' active dimensions overlap less than chance.* Per regime (scenario, L1 > 0,
-   epochs), two paired tests over seeds: Jaccard minus its permutation null's mean (expected lower
+   epochs, gates alive), two paired tests over seeds: Jaccard minus its permutation null's mean (expected lower
    than 0), and that excess minus the excess without L1 (expected lower). **Reproduced** where both
    hold somewhere; **contradicted** where nowhere they hold and somewhere both point the other way
    (L1 leaves more overlap than chance *and* more than without L1); otherwise **not detected**.
@@ -35,6 +39,7 @@ from .mechanism import TABLES
 FOLDER = Path(__file__).resolve().parents[3] / "results" / "tosca" / "mechanism"
 COMMAND = "lab tosca study mechanism --out results/tosca/mechanism"
 REFERENCE = (5e-4, 20)      # the reference's L1 and epochs
+DEAD = 1e-3                 # a regime's gates are dead below this seed-mean |g - 0.5| (fresh modules: ~0.06)
 # what each measure is, for tables and axes (one quantity each)
 LABELS = {
     "weight_near_zero": "weight-matrix entries with |w| < 1e-3 (fraction)",
@@ -157,21 +162,29 @@ def _seeded(runs, scenario, l1, epochs, col) -> pd.Series:
     return g.set_index("seed")[col]
 
 
+def alive(m: Mechanism, scenario: str, l1: float, epochs: int) -> bool:
+    """Whether a regime's gates still gate: seed-mean |g − 0.5| at least :data:`DEAD`."""
+    return bool(_seeded(m.runs, scenario, l1, epochs, "gate_departure").mean() >= DEAD)
+
+
 def overlap_tests(m: Mechanism) -> pd.DataFrame:
-    """Per scenario, epochs and L1: the Jaccard index minus chance (seed by seed, then its interval;
-    expected below 0) and, for L1 > 0, that excess minus the excess without L1 (paired by seed;
-    expected below 0); the cosine minus chance beside them (a direction, no claim)."""
+    """Per scenario, epochs and L1: whether the gates are alive; the Jaccard index minus chance (seed by
+    seed, then its interval; expected below 0) and, for L1 > 0, that excess minus the excess without
+    L1 (paired by seed; expected below 0); the cosine minus chance beside them (a direction, no claim).
+    Dead regimes get no verdicts."""
     runs = _with_excess(m.runs)
     rows = []
     for (scn, ep), g in runs.groupby(["scenario", "epochs"], sort=False):
         for l1 in sorted(g.l1.unique()):
+            live = alive(m, scn, l1, ep)
             ex = _seeded(runs, scn, l1, ep, "jaccard_excess")
+            ex = ex if live else ex * np.nan
             mean, lo, hi = stats.t_interval(ex.tolist())
-            row = {"scenario": scn, "epochs": ep, "l1": l1, "seeds": int(ex.notna().sum()),
+            row = {"scenario": scn, "epochs": ep, "l1": l1, "alive": live, "seeds": int(ex.notna().sum()),
                    "active_size": float(_seeded(runs, scn, l1, ep, "active_size").mean()),
                    "excess": mean, "excess_lo": lo, "excess_hi": hi,
                    "vs_chance": stats.verdict(lo, hi, expect="lower")}
-            c = stats.t_interval(_seeded(runs, scn, l1, ep, "cosine_excess").tolist())
+            c = stats.t_interval((_seeded(runs, scn, l1, ep, "cosine_excess") * (1 if live else np.nan)).tolist())
             row.update(cosine_excess=c[0], cosine_lo=c[1], cosine_hi=c[2], cosine_vs_chance=stats.direction(*c[1:]))
             if l1 > 0:
                 base = _seeded(runs, scn, 0.0, ep, "jaccard_excess")
@@ -192,10 +205,13 @@ def _pearson(x, y) -> float:
 
 def correlation_tests(m: Mechanism) -> pd.DataFrame:
     """Per scenario, epochs and accuracy (routing accuracy, A_B): the Pearson correlation across L1
-    strengths of the Jaccard excess with it, per seed (where at least three L1 strengths leave the
-    overlap defined), and its 95 % t-interval over seeds on Fisher's z, mapped back to r (the claim
-    expects it below 0)."""
+    strengths whose gates are alive of the Jaccard excess with it, per seed (where at least three L1
+    strengths leave the overlap defined), and its 95 % t-interval over seeds on Fisher's z, mapped back
+    to r (the claim expects it below 0)."""
     runs = _with_excess(m.runs)
+    live = {(s, l1, e) for s, l1, e in runs[["scenario", "l1", "epochs"]].drop_duplicates().itertuples(index=False)
+            if alive(m, s, l1, e)}
+    runs = runs[[(s, l1, e) in live for s, l1, e in zip(runs.scenario, runs.l1, runs.epochs)]]
     rows = []
     for (scn, ep), g in runs.groupby(["scenario", "epochs"], sort=False):
         for metric in ("routing_accuracy", "A_B"):
@@ -271,11 +287,14 @@ def shown_regime(m: Mechanism, scenario: str) -> tuple[float, int]:
 
 
 def dead_from(m: Mechanism, scenario: str, epochs: int) -> float | None:
-    """The smallest L1 at which no module of any seed keeps an active dimension (every gate within
-    0.01 of 0.5), or None."""
-    g = m.runs[(m.runs.scenario == scenario) & (m.runs.epochs == epochs)]
-    dead = sorted(l1 for l1, s in g.groupby("l1") if (s.active_size == 0).all())
-    return dead[0] if dead else None
+    """The smallest L1 from which on every stronger L1 leaves the gates dead (:func:`alive`), or None."""
+    l1s = sorted(m.runs[(m.runs.scenario == scenario) & (m.runs.epochs == epochs)].l1.unique())
+    out = None
+    for l1 in reversed(l1s):
+        if alive(m, scenario, l1, epochs):
+            break
+        out = l1
+    return out
 
 
 DERIVED = ("summary.csv", "verdicts.csv", "README.md")

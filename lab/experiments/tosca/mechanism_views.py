@@ -11,8 +11,8 @@ import pandas as pd
 
 from lab import stats
 
-from .mechanism_results import (LABELS, REFERENCE, Mechanism, claims, correlation_tests, dead_from, iv, l1_text,
-                                overlap_tests, per_run, stat, summary)
+from .mechanism_results import (DEAD, LABELS, REFERENCE, Mechanism, alive, claims, correlation_tests, dead_from, iv,
+                                l1_text, overlap_tests, per_run, stat, summary)
 
 SCENARIO_NAMES = {"fashion_mnist_mini": "fashion_mnist_mini (5 tasks)",
                   "mnist_5k+fashion_mnist_mini": "mnist_5k → fashion_mnist_mini (10 tasks)"}
@@ -61,12 +61,15 @@ def gates_sentence(m: Mechanism, scenario: str) -> str:
     most = float(100 * max(sub.gate_open.max(), sub.gate_closed.max()))
     dead = [(ep, dead_from(m, scenario, ep)) for ep in eps]
     dead_txt = "; ".join(f"from L1 {l1_text(d)} at {ep} epochs" for ep, d in dead if d is not None)
+    rest = sub[[not alive(m, scenario, l1, ep) for l1, ep in zip(sub.l1, sub.epochs)]]
+    residue = (f" Even there a module keeps up to {rest.groupby(['l1', 'epochs']).active_size.mean().max():.0f} "
+               f"dimensions (seed mean) whose gate departs 0.01 from 0.5: L1 shrinks every weight below 1e-3 without "
+               f"setting them all to zero." if len(rest) and rest.active_size.max() > 0 else "")
     return (f"Gates start near the neutral 0.5 (mean |g − 0.5| of a freshly initialised module {iv(*init)}). Trained, "
             f"they sit {'; '.join(trained)}. No run opens or closes more than {most:.1f} % of its gates "
             f"(g > 0.9 or g < 0.1)"
-            + (f". The gates die — no dimension of any module departs 0.01 from 0.5, so each module scales every "
-               f"dimension of its adapted feature by 0.5 ± 0.01 and selects none — {dead_txt}." if dead_txt else
-               ", and in no regime do they all return to 0.5."))
+            + (f". The gates die — seed-mean |g − 0.5| below {DEAD:g}, under {100 * DEAD / init[0]:.0f} % of a fresh "
+               f"module's — {dead_txt}.{residue}" if dead_txt else ", and in no regime do the gates die."))
 
 
 def overlap_sentence(m: Mechanism, scenario: str) -> str:
@@ -121,6 +124,11 @@ def correlation_sentence(m: Mechanism, scenario: str) -> str:
             + (f" ({c.regimes})." if c.regimes else "."))
 
 
+def _seeded_ab(m: Mechanism, scenario: str, l1: float, epochs: int) -> pd.Series:
+    g = m.runs[(m.runs.scenario == scenario) & np.isclose(m.runs.l1, l1) & (m.runs.epochs == epochs)]
+    return g.set_index("seed").A_B
+
+
 def tradeoff_sentence(m: Mechanism, scenario: str) -> str:
     out = []
     for ep in sorted(m.runs.epochs.unique()):
@@ -128,8 +136,11 @@ def tradeoff_sentence(m: Mechanism, scenario: str) -> str:
         best = s.A_B.idxmax()
         lo_, hi_ = s.index.min(), s.index.max()
         ab = stat(m, scenario, best, ep, "A_B")
+        a, b = _seeded_ab(m, scenario, best, ep), _seeded_ab(m, scenario, 0.0, ep)
+        d = stats.paired(*(x.tolist() for x in a.align(b, join="inner")))
+        vs = (f"; paired against no L1 {iv(*d, 1)}, {stats.direction(*d[1:])}" if best != 0 else "")
         out.append(f"at {ep} epochs A_B is highest at L1 {l1_text(best)} ({iv(*ab, 1)}; without L1 "
-                   f"{iv(*stat(m, scenario, 0.0, ep, 'A_B'), 1)}); from L1 {l1_text(lo_)} to {l1_text(hi_)} the "
+                   f"{iv(*stat(m, scenario, 0.0, ep, 'A_B'), 1)}{vs}); from L1 {l1_text(lo_)} to {l1_text(hi_)} the "
                    f"earlier tasks' accuracy goes {s.old_tasks_acc[lo_]:.1f} → {s.old_tasks_acc[hi_]:.1f} and the newest "
                    f"task's {s.new_task_acc[lo_]:.1f} → {s.new_task_acc[hi_]:.1f}, routing accuracy "
                    f"{s.routing_accuracy[lo_]:.1f} → {s.routing_accuracy[hi_]:.1f}")
@@ -172,13 +183,13 @@ def regime_table(m: Mechanism, scenario: str) -> pd.DataFrame:
         def s(measure, d=3):
             return iv(*stat(m, scenario, r.l1, r.epochs, measure), d)
         band = (stat(m, scenario, r.l1, r.epochs, "jaccard_null_lo")[0], stat(m, scenario, r.l1, r.epochs, "jaccard_null_hi")[0])
-        dead = r.seeds < 2
+        dead = not r.alive
         rows.append({"L1": l1_text(r.l1), "epochs": r.epochs, "weights near zero": s("weight_near_zero", 2),
                      "mean |g − 0.5|": s("gate_departure"),
                      "gates open / closed (%)": f"{100 * stat(m, scenario, r.l1, r.epochs, 'gate_open')[0]:.1f} / "
                                                 f"{100 * stat(m, scenario, r.l1, r.epochs, 'gate_closed')[0]:.1f}",
                      "active dims per task": f"{r.active_size:.0f}",
-                     "Jaccard": "gates dead" if dead else s("jaccard"),
+                     "Jaccard": "gates dead" if dead else s("jaccard") if r.seeds >= 2 else "n/a",
                      "chance [95 % band]": "" if dead else f"{stat(m, scenario, r.l1, r.epochs, 'jaccard_null')[0]:.3f} "
                                                            f"[{band[0]:.3f}, {band[1]:.3f}]",
                      "vs chance": "" if dead else _vs(r.excess_lo, r.excess_hi),
@@ -238,14 +249,17 @@ def overlap_figure(m: Mechanism, scenario: str):
     fig = make_subplots(rows=1, cols=len(eps), shared_yaxes=True, subplot_titles=[f"{e} epochs per task" for e in eps])
     obs, null = _per_l1(m, scenario, "jaccard"), _per_l1(m, scenario, "jaccard_null")
     lo, hi = _per_l1(m, scenario, "jaccard_null_lo"), _per_l1(m, scenario, "jaccard_null_hi")
+    dead = [not alive(m, scenario, l1, ep) for l1, ep in zip(obs.l1, obs.epochs)]
+    obs.loc[dead, ["mean", "lo", "hi"]] = np.nan                # gates dead: nothing selected, no point
     for k, ep in enumerate(eps, start=1):
         o = obs[obs.epochs == ep].sort_values("l1")
         n, a, b = (d[d.epochs == ep].sort_values("l1") for d in (null, lo, hi))
-        x = o.L1.tolist()
-        fig.add_trace(go.Scatter(x=x + x[::-1], y=b["mean"].tolist() + a["mean"].tolist()[::-1], fill="toself",
-                                 line=dict(width=0), fillcolor="rgba(120,120,120,0.25)", name="chance: 95 % band",
-                                 showlegend=k == 1, hoverinfo="skip"), row=1, col=k)
-        fig.add_trace(go.Scatter(x=x, y=n["mean"], mode="lines", line=dict(dash="dash", color="grey"),
+        x, live = o.L1.tolist(), o["mean"].notna().to_numpy()
+        xl = [v for v, keep in zip(x, live) if keep]                      # chance only where gates select
+        fig.add_trace(go.Scatter(x=xl + xl[::-1], y=b["mean"][live].tolist() + a["mean"][live].tolist()[::-1],
+                                 fill="toself", mode="lines", line=dict(width=0), fillcolor="rgba(120,120,120,0.25)",
+                                 name="chance: 95 % band", showlegend=k == 1, hoverinfo="skip"), row=1, col=k)
+        fig.add_trace(go.Scatter(x=xl, y=n["mean"][live], mode="lines", line=dict(dash="dash", color="grey"),
                                  name="chance: mean (same set sizes at random)", showlegend=k == 1), row=1, col=k)
         fig.add_trace(go.Scatter(x=x, y=o["mean"], mode="lines+markers", line=dict(color="#d62728"),
                                  name="observed (mean over seeds, 95 % interval)", showlegend=k == 1,
@@ -267,15 +281,17 @@ def stability_plasticity_figure(m: Mechanism, scenario: str):
     fig = go.Figure()
     for ep in sorted(old.epochs.unique()):
         o, n = (d[d.epochs == ep].sort_values("l1") for d in (old, new))
+        labels = [f"L1 {t}" if i in (0, len(o) - 1) or l1 >= 2e-3 else "" for i, (t, l1) in enumerate(zip(o.L1, o.l1))]
         fig.add_trace(go.Scatter(x=n["mean"], y=o["mean"], mode="lines+markers+text", name=f"{ep} epochs per task",
-                                 text=[f"L1 {t}" for t in o.L1], textposition="top right",
+                                 text=labels, textposition="top right", hovertext=[f"L1 {t}" for t in o.L1],
                                  error_x=dict(type="data", symmetric=False, array=(n.hi - n["mean"]).fillna(0),
                                               arrayminus=(n["mean"] - n.lo).fillna(0)),
                                  error_y=dict(type="data", symmetric=False, array=(o.hi - o["mean"]).fillna(0),
                                               arrayminus=(o["mean"] - o.lo).fillna(0))))
     fig.update_layout(title=f"{scenario}: TOSCA's stability–plasticity curve as L1 grows (last stage, per-sample "
                             "entropy routing)", height=460, xaxis_title=LABELS["new_task_acc"],
-                      yaxis_title=LABELS["old_tasks_acc"], legend_title_text="training length")
+                      yaxis_title=LABELS["old_tasks_acc"], legend_title_text="training length",
+                      xaxis_range=(0, 101), yaxis_range=(0, 101))
     return fig
 
 
@@ -359,6 +375,9 @@ def live_sentence(run: dict, *, seed: int, l1: float, epochs: int) -> str:
         return "n/a" if not math.isfinite(v) else f"{v:.{d}f}"
 
     head = f"This notebook's run (one seed, {seed}; L1 {l1_text(l1)}, {epochs} epochs)"
+    if run.get("gate_departure", 0.0) < DEAD:
+        return (f"{head}: the gates are dead (mean |g − 0.5| {val('gate_departure', 4)}, below {DEAD:g}), so they "
+                f"select no dimensions and there is no overlap to measure.")
     if not math.isfinite(run.get("jaccard", float("nan"))):
         return (f"{head}: no two modules keep an active dimension (every gate within 0.01 of 0.5; mean |g − 0.5| "
                 f"{val('gate_departure')}), so there is no overlap to measure.")

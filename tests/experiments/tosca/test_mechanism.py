@@ -102,7 +102,8 @@ def _study(excess_by_l1: dict, *, seeds=(1, 2, 3, 4, 5), noise=0.002, routing=No
             j = 0.05 + ex + noise * rng.standard_normal()
             rows.append({"scenario": "s", "seed": seed, "l1": l1, "epochs": 20, "jaccard": j, "jaccard_null": 0.05,
                          "jaccard_null_lo": 0.045, "jaccard_null_hi": 0.055, "cosine": 0.0, "cosine_null": 0.0,
-                         "active_size": 128.0, "A_B": 70.0, "old_tasks_acc": 70.0, "new_task_acc": 80.0,
+                         "active_size": 128.0, "gate_departure": 0.05, "A_B": 70.0, "old_tasks_acc": 70.0,
+                         "new_task_acc": 80.0,
                          "routing_accuracy": (routing or {}).get(l1, 70.0) + rng.standard_normal()})
     runs = pd.DataFrame(rows)
     return MR.Mechanism(Path("."), {}, runs, pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
@@ -183,3 +184,11 @@ def test_shipped_derived_files_are_the_tables_read_back(shipped):
     again = MR.summary(shipped)
     assert len(summary) == len(again)
     np.testing.assert_allclose(summary["mean"], again["mean"], atol=1e-3, equal_nan=True)
+
+
+def test_dead_gates_get_no_overlap_verdict():
+    m = _study({0.0: 0.0, 5e-4: 0.03, 2e-2: 0.4})
+    m.runs.loc[m.runs.l1 == 2e-2, "gate_departure"] = 1e-4          # below DEAD: the gates select nothing
+    ov = MR.overlap_tests(m).set_index("l1")
+    assert not ov.loc[2e-2, "alive"] and ov.loc[2e-2, "vs_chance"] == "not enough seeds"
+    assert MR.dead_from(m, "s", 20) == 2e-2 and _verdict(m, "L1 makes").regimes == "L1 5e-4, 20 epochs"
