@@ -219,7 +219,11 @@ def fit(fig, width: float | None = None):
 
 def chance_line(fig, level: float, text: str = "chance", *, axis: str = "y"):
     """A dotted line at the accuracy a guess reaches (``level``, in the axis' units), labelled;
-    returns ``fig``."""
+    returns ``fig`` (unchanged when ``level`` is unknown: None or NaN)."""
+    import math
+
+    if level is None or not math.isfinite(float(level)):
+        return fig
     add = fig.add_hline if axis == "y" else fig.add_vline
     add(level, line_dash="dot", line_color="#6e7781", annotation_text=text,
         annotation_position="top left" if axis == "y" else "top right", annotation_font_color="#57606a")

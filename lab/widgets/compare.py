@@ -37,10 +37,12 @@ class RouterComparePanel(Panel):
 
     def _chance(self, metric: str) -> float:
         """What guessing reaches (%): a class among every class (A_B, Ā), a task among the tasks (routing)."""
+        cfg = getattr(self.comparison, "config", None)
+        if cfg is None:            # results made by hand (no scenario to count classes in): no chance line
+            return float("nan")
         if not hasattr(self, "_classes"):
             from lab import data
 
-            cfg = self.comparison.config
             self._classes = sum(data.load_dataset(d).num_classes for d in cfg.datasets)
             first = cfg.init or cfg.inc
             self._tasks = 1 + max(0, -(-(self._classes - first) // cfg.inc))
