@@ -36,12 +36,3 @@ def _shuffled_48(by_order):
     one = float(by_order[by_order.batch_size == 1].accuracy.iloc[0])
     b48 = float(sh.loc[48])
     return "the same" if abs(b48 - one) < 1e-9 else ("better" if b48 > one else "worse")
-
-
-@register("02.4", notebook=NB, kind="compute", rtol=0.02, unit="x chance", prompt="""
-How many times the chance level is the mean Jaccard index of two tasks' active gate dimensions
-(section 5)? Chance for two random sets of 10 % of the dimensions is 0.1 / (2 − 0.1).""", hint="""
-Average `off.jaccard` (the off-diagonal pairs) and divide by 0.1 / 1.9.""",
-    why="Above 1: tasks share more active dimensions than two random sets would.")
-def _jaccard_over_chance(off):
-    return float(off.jaccard.mean() / (0.1 / (2 - 0.1)))
