@@ -329,6 +329,8 @@ ROWS: list[Row] = [
     R("aware check", "--preset", ["--preset", "huge"], "argument --preset: invalid choice"),
     R("aware check", "--run", ["--run", "nope", "--out", "{dir}"], "holds no study runs"),
     R("aware check", "--steps", ["--steps", "0"], "--steps 0:"),
+    R("report", "--solutions", ["--solutions=1"], "ignored explicit argument"),
+    R("tosca study", "--engine", ["--engine", "warp"], "invalid choice"),
     R("aware check", "--cache-dir", ["--cache-dir", "{file}"], "--cache-dir {file}: is a file, not a folder"),
     R("aware check", "--device", ["--device", "foo"], "--device foo: must be cpu, cuda or cuda:N"),
     R("aware check", "--quiet", ["--quiet=1"], "ignored explicit argument"),

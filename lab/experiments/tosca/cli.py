@@ -471,7 +471,9 @@ def study_main(argv, prog: str = "lab tosca study") -> int:
     if argv[:1] == ["mechanism"]:              # the mechanism study: its own command line
         from . import mechanism
 
-        return mechanism.main(argv[1:], prog=f"{prog} mechanism")
+        from lab.experiments.tosca.mechanism_views import write_derived
+
+        return mechanism.main(argv[1:], prog=f"{prog} mechanism", derive=write_derived)
     p = study.parser(prog)
     p.epilog = ("--executor defaults to ray where Ray is installed and the machine has two cores or more "
                 "(every core, one variant per task), else local. `lab tosca study mechanism --help`: the "

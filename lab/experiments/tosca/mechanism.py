@@ -35,7 +35,7 @@ same command runs again on the same sources). Written into ``--out``: ``runs.csv
 run), ``modules.csv`` (per task module), ``parts.csv`` (per task module and part), ``pairs.csv``
 (per task pair) and ``manifest.json`` (command, sources' sha256, date, machine, wall time, the
 tables' sha256); then ``summary.csv``, ``verdicts.csv`` and ``README.md`` from those tables alone
-(:mod:`.mechanism_results`; ``python -m lab.experiments.tosca.mechanism_results`` rewrites them).
+(:mod:`.mechanism_results`; ``python -m lab.experiments.tosca.mechanism_views`` rewrites them).
 """
 from __future__ import annotations
 
@@ -343,11 +343,13 @@ def parser(prog: str = "lab tosca study mechanism") -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None, prog: str = "lab tosca study mechanism") -> int:
+def main(argv=None, prog: str = "lab tosca study mechanism", derive=None) -> int:
+    """Run the study; ``derive(folder)`` then writes its summary, verdicts and README (the command line
+    passes :func:`lab.experiments.tosca.mechanism_views.write_derived`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser(prog).parse_args(argv)
     try:
-        return _main(args, argv, prog)
+        return _main(args, argv, prog, derive)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; finished runs are kept in {scratch()} and skipped when the same command "
               "runs again", file=sys.stderr)
@@ -379,13 +381,12 @@ def _check(args) -> None:
     V.out_dir("--out", args.out)
 
 
-def _main(args, argv, prog) -> int:
+def _main(args, argv, prog, derive=None) -> int:
     import pandas as pd
     import torch
 
     from lab import _io, executors
 
-    from . import mechanism_results as MR
     from .study import _digest, _write_csv, machine, sources_sha256
 
     _check(args)
@@ -414,11 +415,14 @@ def _main(args, argv, prog) -> int:
                 "executor": "local", "engine": ENGINE, "wall_seconds": round(wall, 1),
                 "run_seconds": round(float(tables["runs.csv"].train_s.sum()), 1), "runs": len(vs),
                 "sources_sha256": sources, "variant": asdict(vs[0])}
-    _io.write_json(out / "manifest.json", {**manifest, "sha256": MR.table_hashes(out)})
-    MR.write_derived(out)          # summary, verdicts, README: from the tables alone (rewritable by themselves)
+    from lab import _manifest
+
+    _io.write_json(out / "manifest.json", {**manifest, "sha256": _manifest.digests(out, TABLES)})
+    if derive is not None:
+        derive(out)                # summary, verdicts, README: from the tables alone (rewritable by themselves)
     print(f"wrote {out}/: {', '.join(TABLES)}, summary.csv, verdicts.csv, README.md, manifest.json ({wall:.0f} s)")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(prog="python -m lab.experiments.tosca.mechanism"))
+    raise SystemExit(main(prog="python -m lab.experiments.tosca.mechanism"))   # then: python -m ...mechanism_views

@@ -20,8 +20,8 @@ residual dimensions can still pass the 0.01 floor there, and would be compared a
    ±1; expected below 0). Reproduced where one is and none is above 0, contradicted the other way
    round, otherwise not detected.
 
-    python -m lab.experiments.tosca.mechanism_results [FOLDER]           # summary.csv, verdicts.csv, README.md
-    python -m lab.experiments.tosca.mechanism_results --check [FOLDER]   # re-run two runs here, compare
+    python -m lab.experiments.tosca.mechanism_views [FOLDER]           # summary.csv, verdicts.csv, README.md
+    python -m lab.experiments.tosca.mechanism_views --check [FOLDER]   # re-run two runs here, compare
 """
 from __future__ import annotations
 
@@ -300,20 +300,6 @@ def dead_from(m: Mechanism, scenario: str, epochs: int) -> float | None:
 DERIVED = ("summary.csv", "verdicts.csv", "README.md")
 
 
-def write_derived(folder=None) -> Path:
-    """``summary.csv``, ``verdicts.csv`` and ``README.md`` in ``folder`` from its tables, atomically."""
-    from lab import _io
-
-    m = load(folder)
-    for name, df in (("summary.csv", summary(m)), ("verdicts.csv", verdicts(m))):
-        _io.atomic_write(m.folder / name, lambda p, df=df: df.to_csv(p, index=False, float_format="%.4f"))
-    from .mechanism_views import readme
-
-    text = readme(m)
-    _io.atomic_write(m.folder / "README.md", lambda p: p.write_text(text))
-    return m.folder
-
-
 def check(m: Mechanism, n: int = 2, log=print) -> bool:
     """Re-run the study's ``n`` cheapest runs here, on the sources as they are now, and compare every
     number of their ``runs.csv`` rows (the CSV keeps 4 decimals): whether this code still gives the
@@ -341,12 +327,3 @@ def scenario_for(m: Mechanism, datasets) -> tuple[str, str]:
         return want, f"The mechanism study's views below are of {want}, this notebook's scenario."
     return m.scenarios[0], (f"The mechanism study has no {want}: its views below are of {m.scenarios[0]} "
                             f"(it ran {', '.join(m.scenarios)}).")
-
-
-if __name__ == "__main__":
-    import sys
-
-    args = [a for a in sys.argv[1:] if a != "--check"]
-    if "--check" in sys.argv[1:]:
-        raise SystemExit(0 if check(load(args[0] if args else None)) else 1)
-    print("wrote", write_derived(args[0] if args else None))

@@ -126,8 +126,8 @@ def test_smoke_study_writes_every_table_and_a_manifest(smoke_study):
     base = pd.read_csv(out / "baselines.csv")
     assert {"easy-VQA: yes/no", "easy-VQA: shape", "easy-VQA: colour"} <= set(base.set)
     f = pd.read_csv(out / "findings.csv")
-    assert set(f.verdict) <= {"reproduced", "contradicted", "no difference detected", "not enough seeds",
-                              "not comparable (no shared downstream range)"}
+    assert all(v in {"reproduced", "contradicted", "no difference detected", "not enough seeds",
+                     "not comparable (no shared downstream range)"} or v.startswith("not run yet (") for v in f.verdict)
     cs = pd.read_csv(out / "continual_summary.csv")
     assert set(cs.protocol) == {p for p, _, _ in plan.CONTINUAL}
     assert {"Avg", "Last", "BWT", "R_after"} <= set(cs.metric)
