@@ -106,14 +106,9 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
     ``manifest.json`` into ``out`` (each file atomically)."""
     import datetime
 
-    from lab._io import write_json
-    from lab.experiments.aware import runner
-
     t_start = time.perf_counter()
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     out = Path(out)
-    from lab.experiments.aware.study_views import seed_caches
-
     if status_only:     # reads run files only: no model, no data
         return {"status": status(light_env(cfg, out, device), out)}
     with study_lock(out):

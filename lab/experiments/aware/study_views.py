@@ -441,7 +441,7 @@ def findings(study: dict):
 
     rows = []
     for r in f.itertuples():
-        ok = isinstance(r.diff, float) and not math.isnan(r.diff)
+        ok = _finite(r.diff)
         rows.append({"claim": r.finding, "compared": f"{name(r.a)} − {name(r.b)}", "seeds": int(r.seeds),
                      "R difference at matched downstream (pts) [95 %]": _fmt(r.diff, r.lo, r.hi, 1, signed=True) if ok else "",
                      "verdict": r.verdict})
@@ -562,7 +562,7 @@ def headline(study: dict) -> dict:
         for r in f.itertuples():
             if r.a == REFERENCE and r.b.startswith("methods/"):
                 key = f"AWARe − {name(r.b)}: R at matched downstream accuracy (points)"
-                ok = isinstance(r.diff, float) and not math.isnan(r.diff)
+                ok = _finite(r.diff)
                 out[key] = (_fmt(r.diff, r.lo, r.hi, 1, signed=True) + f" — {r.verdict}") if ok else r.verdict
         for r in f.itertuples():
             if not r.b.startswith("methods/"):
@@ -578,8 +578,7 @@ def takeaway(study: dict) -> str:
     base = f[f.a.eq(REFERENCE) & f.b.str.startswith("methods/")]
     words = []
     for r in base.itertuples():
-        ok = isinstance(r.diff, float) and not math.isnan(r.diff)
-        if not ok:
+        if not _finite(r.diff):
             words.append(f"against {name(r.b)}: {r.verdict}")
             continue
         sign = "more" if r.diff > 0 else "less"
