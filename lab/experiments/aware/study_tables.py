@@ -6,7 +6,8 @@ retention R at matched downstream accuracy, and downstream accuracy at matched R
 levels every seed of both reaches, so no single learning-rate choice decides a verdict. Every
 ablation variant's short front (its best scales on the tuning seeds) is compared the same way with
 main AWARe's front on the same test seeds. A point *learned* the task when its downstream
-accuracy's lower bound is above ``max(most common answer, zero-shot)``; the matched levels start
+accuracy's lower bound is above ``max(most common answer, zero-shot)`` (over seeds, and over all its
+answers pooled); the matched levels start
 well above that floor, so every compared point learned.
 """
 from __future__ import annotations
@@ -106,7 +107,8 @@ def runs_table(env, records: list[dict]):
         rows.append({"variant": r["variant"], "group": v.group, "label": v.label, "method": v.spec.method,
                      **table_columns(v.spec, v.calib, v.calib_n or cfg.n_calib),
                      "scale": r.get("scale"), "lr": r.get("lr"), "lr_projector": r.get("lr_projector"),
-                     "seed": int(r["seed"]), "precision": r.get("precision", cfg.precision), **m,
+                     "seed": int(r["seed"]), "precision": r.get("precision", cfg.precision),
+                     "n_down": len(r["answers"]["down"]), **m,
                      "trainable_frac": r["trainable"] / r["total"] if r.get("total") else 0.0,
                      "diverged": bool(r.get("diverged")), "final_loss": r.get("final_loss"),
                      "train_s": r.get("train_s"), "seconds": r.get("seconds")})
@@ -120,7 +122,10 @@ def runs_table(env, records: list[dict]):
 
 def fronts_table(runs, floor: float):
     """Per variant and scale, over its test seeds: mean and 95 % t-interval of downstream accuracy, R,
-    R of the text probe and each easy-VQA kind's R; ``learned`` (downstream's lower bound above ``floor``)."""
+    R of the text probe and each easy-VQA kind's R; ``learned``: downstream's lower bound above ``floor``
+    by both yardsticks, the t-interval over seeds and the Wilson interval of all its seeds' answers pooled
+    (so seeds that happen to agree exactly do not make a zero-width interval pass a floor by one answer)."""
+    from lab.metrics import wilson_interval
     import pandas as pd
 
     rows = []
@@ -132,7 +137,10 @@ def fronts_table(runs, floor: float):
         for m in metrics:
             if m in g:
                 row[m], row[f"{m}_lo"], row[f"{m}_hi"] = stats.t_interval(g[m])
-        row["learned"] = bool(row["downstream_lo"] > floor) and not row["diverged"] if g.seed.nunique() > 1 else False
+        n = int(g.n_down.sum()) if "n_down" in g else 0
+        row["downstream_pooled_lo"] = wilson_interval(float(g.downstream.mean()), n)[0] if n else math.nan
+        row["learned"] = (g.seed.nunique() > 1 and not row["diverged"] and bool(row["downstream_lo"] > floor)
+                          and bool(row["downstream_pooled_lo"] > floor))
         rows.append(row)
     return pd.DataFrame(rows)
 

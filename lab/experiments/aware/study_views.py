@@ -298,7 +298,7 @@ def fronts_table(study: dict, group: str | None = "methods"):
            "downstream accuracy [95 %]": [_fmt(a, b, c, 3) for a, b, c in zip(f.downstream, f.downstream_lo, f.downstream_hi)],
            "R, multimodal (%) [95 %]": [_fmt(a, b, c, 1) for a, b, c in zip(f.R, f.R_lo, f.R_hi)],
            "R, text probe (%) [95 %]": [_fmt(a, b, c, 1) for a, b, c in zip(f.R_probe, f.R_probe_lo, f.R_probe_hi)],
-           "learned?": ["yes" if x else "no" for x in f.learned]}
+           "learned?": ["yes" if x else "one seed: not judged" if n < 2 else "no" for x, n in zip(f.learned, f.seeds)]}
     import pandas as pd
 
     return pd.DataFrame(out)

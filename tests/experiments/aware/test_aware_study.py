@@ -331,3 +331,19 @@ def test_status_reads_run_files_without_a_model(smoke_study, monkeypatch):
     monkeypatch.setattr(runner, "build_env", no_model)
     st = shipped.run_study(plan.PRESETS["smoke"], out, cache_dir=cache, progress=False, status_only=True)["status"]
     assert "complete" in st
+
+
+def test_a_point_learned_only_when_its_pooled_answers_also_clear_the_floor():
+    """Two seeds that agree exactly give a zero-width t-interval; 0.130 on 2 x 400 questions does not
+    clear a floor of 0.128, while 0.36 does and one seed is never judged."""
+    from lab.experiments.aware.study_tables import fronts_table
+
+    def rows(vid, scale, accs):
+        return [{"variant": vid, "group": "methods", "label": vid, "method": "m", "scale": scale, "lr": 1e-4,
+                 "lr_projector": 1e-3, "seed": s, "trainable_frac": 0.1, "diverged": False, "n_down": 400,
+                 "downstream": a, "R": 90.0, "R_probe": 100.0, "R_easy_vqa": 90.0}
+                for s, a in enumerate(accs)]
+    runs = pd.DataFrame(rows("a", 1.0, [0.130, 0.130]) + rows("b", 1.0, [0.36, 0.37]) + rows("c", 1.0, [0.9]))
+    f = fronts_table(runs, floor=0.128).set_index("variant")
+    assert f.loc["a", "downstream_lo"] > 0.128            # the seeds' interval alone would pass it
+    assert not f.loc["a", "learned"] and f.loc["b", "learned"] and not f.loc["c", "learned"]
