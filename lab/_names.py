@@ -1,4 +1,4 @@
-"""Static copies of the registries' names, for the command line.
+"""Static copies of the registries' names, for the command line and the report's parameter checks.
 
 ``lab <command> --help`` and every usage error answer without importing torch (~3-5 s on a slow
 machine): the parsers' ``choices=`` come from these tables, not from the registries (which import
@@ -36,6 +36,7 @@ AWARE_METHODS = Names("aware method", ("zero-shot", "full", "lora", "dora", "awa
 AWARE_RULES = Names("aware rule", ("activation-global", "activation-balanced", "weight-norm", "random"))   # .masking.rule_names()
 AWARE_TASKS = ("fashion", "digits", "even")                      # lab.experiments.aware.tasks.TEMPLATES
 AWARE_SIZES = ("smoke", "default", "large")                      # lab.experiments.aware.context.SIZES
+AWARE_PRESETS = ("shipped", "smoke")                             # lab.experiments.aware.plan.PRESETS
 
 DEFAULT_BACKBONE = "efficientnet_lite0"                          # lab.backbones.DEFAULT_BACKBONE
 DEFAULT_DATASET = "fashion_mnist_mini"                           # lab.data.DEFAULT_DATASET

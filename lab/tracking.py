@@ -1,17 +1,19 @@
-"""Runs a tracker can read: ``--track mlflow`` (or ``$LAB_TRACK=mlflow``) logs what a command ran
-to MLflow: its parameters, its metrics (TOSCA: per task and per epoch; AWARe fine-tuning: per
-step) and the tables of its run folder as artifacts, under an experiment named by the command
-("lab tosca", "lab aware finetune", ...). See docs/tracking.md.
+"""Runs a tracker can read: ``--track mlflow`` (or ``$LAB_TRACK=mlflow``) logs a finished command to
+MLflow: its run folder's config as parameters, the numbers the command read from its tables as
+metrics (final values and per-step series), one child run per variant and seed, and the folder's
+tables as artifacts, under an experiment named by the command ("lab tosca", "lab aware finetune",
+...). See docs/tracking.md.
 
     track = tracking.start(args.track, "lab tosca", root=args.runs_dir)   # before any work
     res = run(cfg, ...)                                                   # the run, untouched
-    tracking.log_tosca_run(track, res)                                    # after it, from its results
+    tracking.log_run(track, res.run_dir, lambda: tracked.run(res))        # after it: one line
 
-Tracking only observes: every ``log_*`` function reads what the run returned and the folder it
-wrote, after the run. Without ``--track`` the :class:`Tracker` is a no-op and mlflow is never
-imported (``import lab`` and ``lab --help`` do not import it either). :func:`start` checks, before
-any work, that mlflow imports (one line naming ``pip install -e '.[track]'`` when it does not) and
-that the store opens.
+One generic adapter, :func:`log_run`: the command hands it its finished run folder and what it
+read from it (each experiment says what in its own ``tracked`` module); tracking knows no
+experiment and imports none. Tracking only observes: it reads after the run. Without ``--track``
+the :class:`Tracker` is a no-op and mlflow is never imported (``import lab`` and ``lab --help`` do
+not import it either). :func:`start` checks, before any work, that mlflow imports (one line naming
+``pip install -e '.[track]'`` when it does not) and that the store opens.
 
 The store: ``$MLFLOW_TRACKING_URI`` when set (a server, ``sqlite:///...`` with SQLAlchemy
 installed, a folder), else a local file store ``<runs root>/mlruns`` (``$LAB_RUNS_DIR`` or
@@ -172,9 +174,9 @@ class MLflowTracker(Tracker):
         try:
             rid = self.client.create_run(self.experiment_id, start_time=now if parent else self.started,
                                          tags={k: str(v) for k, v in tags.items()}, run_name=str(name)).info.run_id
-            ms = [Metric(key(k), float(v), now, 0) for k, v in (metrics or {}).items() if _finite(v)]
+            ms = [Metric(key(k), float(v), now, 0) for k, v in (metrics or {}).items() if finite(v)]
             ms += [Metric(key(k), float(v), now, int(step)) for k, points in (series or {}).items()
-                   for step, v in points if _finite(v)]
+                   for step, v in points if finite(v)]
             ps = [Param(k, v) for k, v in {key(k): _param(v) for k, v in flatten(params or {}).items()}.items()]
             self.client.log_batch(rid, metrics=ms, params=ps)
             for artifact, obj in (files or {}).items():
@@ -304,7 +306,7 @@ def _now() -> int:
     return int(time.time() * 1000)
 
 
-def _finite(v) -> bool:
+def finite(v) -> bool:
     try:
         return not isinstance(v, str) and math.isfinite(float(v))
     except (TypeError, ValueError):
@@ -363,7 +365,7 @@ def _part(k: str, v) -> str:
     return f"{k} {int(v)}" if isinstance(v, numbers.Integral) or k == "seed" else f"{k} {float(v):g}"
 
 
-def _numeric(df) -> list[str]:
+def numeric(df) -> list[str]:
     import pandas as pd
 
     return [c for c in df.columns if pd.api.types.is_numeric_dtype(df[c])]
@@ -373,7 +375,7 @@ def table_metrics(df, keys, values=None, prefix: str = "") -> dict:
     """One metric per row and value column: ``<key values>/<column>`` (e.g. "per-sample/avg_inc_acc")."""
     if df is None or not len(df):
         return {}
-    values = [c for c in (values or _numeric(df)) if c in df.columns and c not in keys]
+    values = [c for c in (values or numeric(df)) if c in df.columns and c not in keys]
     out = {}
     for row in df.to_dict("records"):
         name = _name(keys, row)
@@ -388,7 +390,7 @@ def log_children(track: Tracker, df, by, parent: str, spread: str | None = None)
     if df is None or not len(df):
         return
     by = [c for c in by if c in df.columns]
-    nums = [c for c in _numeric(df) if c not in by and c != spread]
+    nums = [c for c in numeric(df) if c not in by and c != spread]
     for values, g in df.groupby(by, sort=False, dropna=False):
         values = values if isinstance(values, tuple) else (values,)
         params = dict(zip(by, values))
@@ -401,127 +403,42 @@ def log_children(track: Tracker, df, by, parent: str, spread: str | None = None)
                   parent=parent)
 
 
-# --- what each command logs (each a no-op without a tracker) ------------------------------------
-def log_tosca_run(track: Tracker, res) -> str | None:
-    """``lab tosca``: the config as parameters; per routing the summary (Ā, A_B, forgetting, BWT,
-    routing accuracy) as metrics and, per task (step = task index), A_b, routing accuracy and each
-    task's accuracy after every stage; per epoch (step = epoch counted over all tasks) the training
-    log; the run folder's tables as artifacts."""
-    if not track.enabled:
-        return None
-    info, head = res.info, res.info["headline_routing"]
-    values = [c for c in _numeric(res.summary) if c != "per_batch_size"]
-    metrics = table_metrics(res.summary, ["routing"], values)
-    metrics.update({k: v for k, v in res.headline().items() if k in values})      # the headline routing's
-    metrics.update({f"seconds/{k}": v for k, v in info["seconds"].items()})
-    metrics["trainable_params_total"] = info["trainable_params_total"]
-    series = {}
-    for r in res.stages.to_dict("records"):
-        for c in ("A_b", "routing_accuracy"):
-            series.setdefault(f"{r['routing']}/{c}", []).append((r["stage"], r[c]))
-            if r["routing"] == head:
-                series.setdefault(c, []).append((r["stage"], r[c]))
-    for r in res.matrix.to_dict("records"):
-        series.setdefault(f"{r['routing']}/accuracy/task {r['task']}", []).append((r["stage"], r["accuracy"]))
-    for r in res.tasks.to_dict("records"):
-        for c in ("train_seconds", "eval_seconds", "trainable_params", "head_scale"):
-            series.setdefault(f"task/{c}", []).append((r["task"], r.get(c)))
-    for i, r in enumerate(res.epochs.to_dict("records")):
-        for c, v in r.items():
-            if c != "epoch":
-                series.setdefault(f"train/{c}", []).append((i, v))
-    params = {**res.config.to_dict(), "num_tasks": info["num_tasks"], "headline_routing": head}
-    return track.log(Path(res.run_dir).name, params=params, metrics=metrics, series=series, folder=res.run_dir,
-                     tags={"lab.kind": "run", "lab.backbone_untrained": info.get("backbone_untrained")})
+# --- the adapter every command calls -------------------------------------------------------------
+CONFIG = "config.json"          # a run folder's settings: the run's parameters unless given
+MANIFEST = "manifest.json"      # a study's record: its command becomes the tag lab.command
+CONFIG_SKIP = ("timings", "versions", "align")   # bookkeeping in a config, not settings
 
 
-def log_tosca_sweep(track: Tracker, folder, base, seeds, l1s, runs, summary) -> str | None:
-    """``lab tosca --seeds/--l1``: the sweep's settings and its summary (mean and interval over seeds
-    per L1 and routing) on one run, one child run per (seed, L1) with its rows."""
-    if not track.enabled:
-        return None
-    from dataclasses import asdict
+def log_run(track: Tracker, folder=None, record=None, *, name=None, params=None, metrics=None, series=None,
+            children=None, files=None, tags=None) -> str | None:
+    """Log one finished command as one run (nothing without a tracker); returns its id.
 
-    params = {**{k: v for k, v in asdict(base).items() if k not in ("seed", "l1")}, "seeds": list(seeds),
-              "l1": list(l1s)}
-    rid = track.log(Path(folder).name, params=params, metrics=table_metrics(summary, ["l1", "routing"]),
-                    folder=folder, tags={"lab.kind": "sweep"})
-    log_children(track, runs, ["seed", "l1"], rid, spread="routing")
-    return rid
+    ``record``: a function called only when tracking, returning any of the keyword arguments below
+    (each experiment's ``tracked`` module has one per command), so an untracked command reads nothing.
 
-
-def log_tosca_study(track: Tracker, folder) -> str | None:
-    """``lab tosca study``: its manifest's settings, the summary (mean and 95 % half-width over seeds)
-    on one run, one child run per variant and seed (its numbers per routing); the tables as artifacts."""
-    if not track.enabled:
-        return None
-    import pandas as pd
-
-    from lab._io import read_json
-
-    folder = Path(folder)
-    m = read_json(folder / "manifest.json")
-    keys = ["scenario", "method", "flow", "head_init", "luca_init", "routing"]
-    params = {k: m.get(k) for k in ("scenarios", "seeds", "executor", "runs")}
-    params.update({f"base_config.{k}": v for k, v in (m.get("base_config") or {}).items()})
-    rid = track.log(folder.name, params=params, metrics=table_metrics(pd.read_csv(folder / "summary.csv"), keys),
-                    folder=folder, tags={"lab.kind": "study", "lab.command": m.get("command", "")})
-    log_children(track, pd.read_csv(folder / "runs.csv"), ["scenario", "seed", *keys[1:-1]], rid, spread="routing")
-    return rid
-
-
-def log_aware_finetune(track: Tracker, args, size, row: dict, before: dict) -> str | None:
-    """``lab aware finetune``: the method's settings and training recipe, downstream accuracy, upstream
-    skills before and after, retention; per step the training loss and step time."""
-    if not track.enabled:
-        return None
-    from dataclasses import asdict
-
-    params = {k: getattr(args, k) for k in ("method", "task", "rho", "rule", "targets", "calib", "seed", "size",
-                                            "model", "device") if hasattr(args, k)}
-    params["train"] = asdict(size.train)
-    metrics = {k: v for k, v in row.items() if _finite(v) and k != "seed"}
-    metrics.update({f"before/{k}": v for k, v in before.items()})
-    series = {}
-    for log in track.steps[-1:]:
-        series = {"loss": list(enumerate(log.get("losses", []))), "step_seconds": list(enumerate(log.get("step_seconds", [])))}
-    result = {"row": {k: (v if _finite(v) or isinstance(v, str) else None) for k, v in row.items()},
-              "before": dict(before)}
-    return track.log(f"{args.method}-{args.task}-seed{args.seed}", params=params, metrics=metrics, series=series,
-                     files={"result.json": result}, tags={"lab.kind": "run"})
-
-
-def log_aware_ablate(track: Tracker, out: dict) -> str | None:
-    """``lab aware ablate``: the sweep's config, R/E/H per variant (mean over seeds) and its timings
-    on one run, one child run per variant and seed; the run folder's tables as artifacts."""
+    ``folder``: its run folder (``None`` for a command that writes none): it names the run (unless
+    ``name``), its ``config.json`` gives the parameters (unless ``params``; :data:`CONFIG_SKIP`
+    left out), its ``manifest.json``'s command the tag ``lab.command``, its top-level tables become
+    artifacts. ``metrics`` {name: number}, ``series`` {name: [(step, number), ...]}: the numbers the
+    command read from its results; ``children``: ``(table, by)`` or ``(table, by, spread)``, one
+    child run per group (:func:`log_children`); ``files`` {artifact name: dict}; ``tags``."""
     if not track.enabled:
         return None
     from lab._io import read_json
-    from lab.experiments.aware.ablate import summary
 
-    folder = Path(out["run_dir"])
-    cfg = read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
-    params = {k: v for k, v in cfg.items() if k not in ("timings", "versions", "align")}
-    metrics = table_metrics(summary(out["results"]), ["group", "variant"])
-    metrics.update({f"timings/{k}": v for k, v in out.get("timings", {}).items()})
-    rid = track.log(folder.name, params=params, metrics=metrics, folder=folder, tags={"lab.kind": "sweep"})
-    log_children(track, out["results"], ["group", "variant", "seed"], rid)
-    return rid
-
-
-def log_aware_study(track: Tracker, res: dict, preset: str | None = None) -> str | None:
-    """``lab aware study``: the preset's config, the summary estimates with their intervals on one
-    run, one child run per variant and seed; the study folder's tables as artifacts."""
-    if not track.enabled or "manifest" not in res:
-        return None
-    m, folder = res["manifest"], Path(res["out"])
-    params = flatten({"config": m.get("config") or {}})
-    params.update({"preset": preset, "complete": m.get("complete")})
-    summary = res.get("summary")
-    metrics = table_metrics(summary, ["variant", "metric"], ["estimate", "lo", "hi"]) if summary is not None else {}
-    metrics.update({k: m[k] for k in ("wall_s", "compute_s") if k in m})
-    rid = track.log(folder.name, params=params, metrics=metrics, folder=folder,
-                    tags={"lab.kind": "study", "lab.command": m.get("command", "")})
-    if res.get("runs") is not None:
-        log_children(track, res["runs"], ["variant", "seed"], rid)
+    if record is not None:
+        return log_run(track, folder, **{"name": name, "params": params, "metrics": metrics, "series": series,
+                                         "children": children, "files": files, "tags": tags, **record()})
+    folder = Path(folder) if folder is not None else None
+    if params is None:
+        cfg = read_json(folder / CONFIG) if folder is not None and (folder / CONFIG).is_file() else {}
+        params = {k: v for k, v in cfg.items() if k not in CONFIG_SKIP}
+    tags = dict(tags or {})
+    if folder is not None and (folder / MANIFEST).is_file() and "lab.command" not in tags:
+        tags["lab.command"] = read_json(folder / MANIFEST).get("command", "")
+    rid = track.log(name or (folder.name if folder is not None else "run"), params=params, metrics=metrics,
+                    series=series, folder=folder, files=files, tags=tags)
+    if children is not None:
+        table, by, *spread = children
+        log_children(track, table, by, rid, spread=spread[0] if spread else None)
     return rid

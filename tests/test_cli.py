@@ -142,6 +142,7 @@ def test_static_names_match_the_registries():
     from lab.aware.masking import RULES, rule_names
     from lab.aware.methods import METHODS, method_names
     from lab.experiments.aware.context import SIZES
+    from lab.experiments.aware.plan import PRESETS
     from lab.experiments.aware.tasks import TEMPLATES
     from lab.experiments.tosca import _base, methods
     from lab.tosca import luca, routing
@@ -158,6 +159,7 @@ def test_static_names_match_the_registries():
     assert tuple(_names.AWARE_RULES) == tuple(n for n in rule_names() if n in RULES.builtin_names())
     assert _names.AWARE_TASKS == tuple(TEMPLATES)
     assert _names.AWARE_SIZES == tuple(SIZES)
+    assert _names.AWARE_PRESETS == tuple(PRESETS)      # the report's "aware_presets" choices
     assert _names.DEFAULT_BACKBONE == backbones.DEFAULT_BACKBONE
     assert _names.DEFAULT_DATASET == data.DEFAULT_DATASET
     assert _names.PREPROCESS == tuple(backbones.PREPROCESS)

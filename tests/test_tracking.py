@@ -114,7 +114,8 @@ def test_without_track_nothing_is_opened(monkeypatch, tmp_path):
     assert not t.enabled and t.log("x", metrics={"a": 1}) is None
     f = object()
     assert t.watch(f) is f
-    assert tracking.log_tosca_run(t, None) is None and tracking.log_aware_ablate(t, {}) is None
+    # nothing is read without a tracker: not the folder, not the command's record
+    assert tracking.log_run(t, tmp_path / "missing", lambda: 1 / 0) is None
     assert not list(tmp_path.iterdir())
 
 
@@ -181,6 +182,7 @@ def test_aware_finetune_logs_the_loss_per_step(mlflow_store):
     import mlflow
 
     from lab import tracking
+    from lab.experiments.aware import tracked
     from lab.experiments.aware.context import SIZES
 
     t = tracking.start("mlflow", "lab aware finetune")
@@ -191,7 +193,7 @@ def test_aware_finetune_logs_the_loss_per_step(mlflow_store):
                               calib="upstream", seed=0, size="smoke", model=None, device=None)
     row = {"group": "cli", "method": "aware", "seed": 0, "downstream": 0.5, "up_easy_vqa": 0.4, "R": 90.0,
            "rho": 0.3, "R_probe": float("nan")}
-    rid = tracking.log_aware_finetune(t, args, SIZES["smoke"], row, {"easy_vqa": 0.45})
+    rid = tracking.log_run(t, None, lambda: tracked.finetune(args, SIZES["smoke"], row, {"easy_vqa": 0.45}, t.steps))
     run = mlflow.MlflowClient().get_run(rid)
     assert run.data.params["rho"] == "0.3" and run.data.params["train.steps"] == str(SIZES["smoke"].train.steps)
     assert run.data.metrics["downstream"] == 0.5 and run.data.metrics["before/easy_vqa"] == 0.45
@@ -201,12 +203,14 @@ def test_aware_finetune_logs_the_loss_per_step(mlflow_store):
 
 
 def test_aware_ablate_and_study_log_a_summary_run_with_one_child_per_variant_and_seed(mlflow_store, tmp_path):
-    """What `lab aware ablate` and `lab aware study` log, from the tables they return (hand-made
-    here, in their columns) and the folder they wrote."""
+    """What `lab aware ablate` and `lab aware study` log through the one adapter (tracking.log_run), from
+    the tables they return (hand-made here, in their columns) and the folder they wrote: the
+    parameters of the ablation are its folder's config.json."""
     import mlflow
     import pandas as pd
 
     from lab import tracking
+    from lab.experiments.aware import tracked
 
     rows = [{"group": "methods", "variant": v, "method": v, "seed": s, "task": "fashion", "downstream": d,
              "up_easy_vqa": 0.4, "up_probe": 0.5, "R": 90.0 + s, "E": 50.0, "H": 64.0, "trainable_frac": 0.1}
@@ -216,7 +220,7 @@ def test_aware_ablate_and_study_log_a_summary_run_with_one_child_per_variant_and
     (folder / "config.json").write_text('{"task": "fashion", "seeds": [0, 1], "timings": {"total_s": 1}}')
     (folder / "masks_methods_aware.safetensors").write_bytes(b"x")
     out = {"results": pd.DataFrame(rows), "run_dir": folder, "timings": {"total_s": 12.5}}
-    rid = tracking.log_aware_ablate(tracking.start("mlflow", "lab aware ablate"), out)
+    rid = tracking.log_run(tracking.start("mlflow", "lab aware ablate"), folder, lambda: tracked.ablate(out))
     client = mlflow.MlflowClient()
     run = client.get_run(rid)
     assert run.data.params == {"task": "fashion", "seeds": "[0, 1]"}
@@ -234,7 +238,7 @@ def test_aware_ablate_and_study_log_a_summary_run_with_one_child_per_variant_and
     res = {"runs": pd.DataFrame(rows), "summary": summary, "out": study,
            "manifest": {"command": "lab aware study --preset smoke", "config": {"seeds": [0, 1]}, "wall_s": 3.0,
                         "complete": True}}
-    rid = tracking.log_aware_study(tracking.start("mlflow", "lab aware study"), res, "smoke")
+    rid = tracking.log_run(tracking.start("mlflow", "lab aware study"), study, lambda: tracked.study(res, "smoke"))
     run = client.get_run(rid)
     assert run.data.params == {"config.seeds": "[0, 1]", "preset": "smoke", "complete": "True"}
     assert run.data.metrics == {"methods/aware/R/estimate": 90.5, "methods/aware/R/lo": 90.0,

@@ -44,15 +44,15 @@ class ParamsError(ValueError):
 
 
 def _aware_sizes() -> list[str]:
-    from lab.experiments.aware.context import SIZES
+    from lab._names import AWARE_SIZES   # the names only (lab.experiments.aware.context.SIZES holds the sizes)
 
-    return list(SIZES)
+    return list(AWARE_SIZES)
 
 
 def _aware_presets() -> list[str]:
-    from lab.experiments.aware.plan import PRESETS
+    from lab._names import AWARE_PRESETS   # the names only (lab.experiments.aware.plan.PRESETS holds the configs)
 
-    return list(PRESETS)
+    return list(AWARE_PRESETS)
 
 
 def _datasets() -> list[str]:

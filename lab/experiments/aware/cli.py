@@ -403,6 +403,7 @@ def cmd_finetune(args) -> int:
     check_targets(args.targets, model=args.model)     # last: it builds the model's skeleton (a few seconds)
     aware = AwareConfig(rho=args.rho, rule=args.rule, targets=args.targets)   # validates before work
     from lab import tracking
+    from lab.experiments.aware import tracked
     from lab.experiments.aware.finetune import train
 
     track = tracking.start(args.track, "lab aware finetune")    # mlflow imports, its store opens
@@ -445,7 +446,7 @@ def cmd_finetune(args) -> int:
 
         replace_dir(args.save, write)     # written beside it, then swapped in: never half a checkpoint
         print(f"saved a standard checkpoint to {args.save}")
-    tracking.log_aware_finetune(track, args, ctx.size, row, before)
+    tracking.log_run(track, None, lambda: tracked.finetune(args, ctx.size, row, before, track.steps))
     return 0
 
 
@@ -463,6 +464,7 @@ def cmd_ablate(args) -> int:
     _run_dir_check(args)
     executors.check_arguments(args)
     from lab import tracking
+    from lab.experiments.aware import tracked
 
     track = tracking.start(args.track, "lab aware ablate")    # mlflow imports, its store opens
     ctx = _ctx(args)            # its Size carries --rules
@@ -487,7 +489,7 @@ def cmd_ablate(args) -> int:
             print("\nmask overlap (rho=0.3, q/k/v+projector):")
             print(out["overlap"].to_string(index=False))
     print(f"\nwall time {out['timings']['total_s']:.0f}s; tables in {out['run_dir']}")
-    tracking.log_aware_ablate(track, out)
+    tracking.log_run(track, out["run_dir"], lambda: tracked.ablate(out))
     return 0
 
 
@@ -582,6 +584,7 @@ def cmd_study(args) -> int:
     V.out_dir("--out", out)
     _refuse_other_study(out, cfg, args.replace)
     from lab import tracking
+    from lab.experiments.aware import tracked
 
     track = tracking.start(args.track, "lab aware study")    # mlflow imports, its store opens
     _threads()
@@ -603,7 +606,7 @@ def cmd_study(args) -> int:
                 f"{r['diff']:+.1f} [{r['lo']:+.1f}, {r['hi']:+.1f}] pts, "
             print(f"  {r['finding']} ({r['b'].split('/')[-1]}): {d}{r['verdict']}")
     print(f"\nwall time {res['manifest']['wall_s']:.0f}s; tables and manifest.json in {res['out']}")
-    tracking.log_aware_study(track, res, args.preset)
+    tracking.log_run(track, res["out"], lambda: tracked.study(res, args.preset))
     return 0
 
 

@@ -369,6 +369,7 @@ def cmd_tosca(args) -> int:
     from lab import tracking
 
     track = tracking.start(args.track, "lab tosca", root=args.runs_dir)   # mlflow imports, its store opens
+    from . import tracked
     from .run import run
 
     with terminated_as_interrupted(), disk_full_resumes():
@@ -378,7 +379,7 @@ def cmd_tosca(args) -> int:
         cfg = stored(args.resume)[1] if args.resume is not None else config_from_args(args)
         res = run(cfg, runs_root=args.runs_dir, resume=args.resume, progress=not args.quiet)
     print(format_summary(res))
-    tracking.log_tosca_run(track, res)
+    tracking.log_run(track, res.run_dir, lambda: tracked.run(res))
     return 0
 
 
@@ -453,7 +454,9 @@ def cmd_sweep(args, track=None) -> int:
     if track is not None:
         from lab import tracking
 
-        tracking.log_tosca_sweep(track, folder, base, seeds, l1s, table, summary)
+        from . import tracked
+
+        tracking.log_run(track, folder, lambda: tracked.sweep(base, seeds, l1s, table, summary))
     return 0
 
 
@@ -466,7 +469,7 @@ def study_main(argv, prog: str = "lab tosca study") -> int:
     from lab import runs, tracking
     from lab._validate import one_line
 
-    from . import study
+    from . import study, tracked
 
     if argv[:1] == ["mechanism"]:              # the mechanism study: its own command line
         from . import mechanism
@@ -492,7 +495,8 @@ def study_main(argv, prog: str = "lab tosca study") -> int:
         rc = study.main(with_default_executor(rest), prog=prog)
     try:
         if rc == 0:
-            tracking.log_tosca_study(track, args.out or runs.active())
+            folder = args.out or runs.active()
+            tracking.log_run(track, folder, lambda: tracked.study(folder))
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return 2
