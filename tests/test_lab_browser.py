@@ -8,7 +8,7 @@ current choice is disabled with its reason, a slider's range follows what it ind
 layer slider on the projector's two Linears), a rapid sequence of changes ends on the last one, and
 the browser console stays free of errors. Also measures how long after the control change the panel's
 figure changes (printed; ``-s`` shows it). The same check runs once in Notebook 7 (``lab jupyter
---ui notebook``) on a two-cell notebook that shows notebook 04's panel on the shipped AWARe study:
+--ui notebook``) on a small notebook that shows notebook 04's two panels on the shipped AWARe study:
 same server, kernels and widget manager, a different page around them (the panel's notebook itself
 already ran in JupyterLab above).
 
@@ -49,7 +49,7 @@ REDRAW_S = 60             # a control change until the panel's figure changes
 PAGE_TIMEOUT_MS = 30_000
 PANEL_NOTEBOOKS = ("01_ventral_vs_prefrontal", "02_tosca_sparsity_orthogonality", "04_aware_ablations",
                    "05_your_own_idea", "03_aware_saliency")
-NOTEBOOK7_NOTEBOOK = "panel_only"  # notebook 04's panel alone (see _write_panel_notebook)
+NOTEBOOK7_NOTEBOOK = "panel_only"  # notebook 04's panels alone (see _write_panel_notebook)
 TOSCA_NOTEBOOK = "tosca_panel"     # notebook 02's panel alone on its smoke data (see _write_tosca_notebook)
 
 # JupyterLab settings for the test: every cell stays in the DOM (no windowing) so the page can be
@@ -71,17 +71,18 @@ def _get(url: str, timeout: float = 5.0):
 
 
 def _write_panel_notebook(folder: Path) -> None:
-    """``panel_only.ipynb``: notebook 04's ablation panel on the shipped AWARe study, nothing else."""
+    """``panel_only.ipynb``: notebook 04's two panels on the shipped AWARe study, nothing else."""
     import nbformat as nbf
 
     from lab.jupyter import DEFAULT_KERNEL
 
     nb = nbf.v4.new_notebook()
-    nb.cells = [nbf.v4.new_markdown_cell("Notebook 04's panel on the shipped study."),
+    nb.cells = [nbf.v4.new_markdown_cell("Notebook 04's panels on the shipped study."),
                 nbf.v4.new_code_cell("from lab.experiments.aware import study_views\n"
-                                     "from lab.widgets.aware import AblationPanel\n"
+                                     "from lab.widgets.aware import MaskPanel, RunsPanel\n"
                                      f"study = study_views.load_study({str(ROOT / 'results' / 'aware')!r})"),
-                nbf.v4.new_code_cell("AblationPanel.from_run(study_views.panel_run(study))")]
+                nbf.v4.new_code_cell("RunsPanel(study)"),
+                nbf.v4.new_code_cell("MaskPanel.from_study(study)")]
     nb.metadata["kernelspec"] = {"name": DEFAULT_KERNEL, "display_name": DEFAULT_KERNEL, "language": "python"}
     nbf.write(nb, folder / f"{NOTEBOOK7_NOTEBOOK}.ipynb")
 
@@ -239,18 +240,19 @@ _PROMPTS_DONE = """() => {
   return cells.length > 0 && cells.every(c => /\\[\\d+\\]/.test(c.querySelector('.jp-InputPrompt')?.textContent || ''));
 }"""
 # every figure in the panel's output area as drawn: its title, and its traces' decoded x/y/z
-_PANEL_FIGURES = """() => [...document.querySelectorAll('.lab-panel .lab-panel-output .js-plotly-plot')].map(d => ({
+# (each snippet takes the panel's selector, by default every panel of the page: notebook 04 has two)
+_PANEL_FIGURES = """(sel = '.lab-panel') => [...document.querySelectorAll(sel + ' .lab-panel-output .js-plotly-plot')].map(d => ({
   title: d.querySelector('.gtitle')?.textContent || '',
   drawn: !!d.querySelector('.main-svg'),
   data: JSON.stringify((d._fullData || []).map(t => [t.x, t.y, t.z]),
                        (k, v) => ArrayBuffer.isView(v) ? Array.from(v) : v)}))"""
 _ALL_DRAWN = f"() => {{ const f = ({_PANEL_FIGURES})(); return f.length > 0 && f.every(x => x.drawn); }}"
-_OUTSIDE = """() => {
+_OUTSIDE = """(sel = '.lab-panel') => {
   const outs = [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output')].filter(o => !o.closest('.lab-panel'));
-  const cell = document.querySelector('.lab-panel')?.closest('.jp-CodeCell');
+  const cell = document.querySelector(sel)?.closest('.jp-CodeCell');
   return {n: outs.length, text: outs.map(o => o.textContent.slice(0, 80)).join('|'),
           strayInPanelCell: cell ? cell.querySelectorAll('.js-plotly-plot').length -
-                            cell.querySelectorAll('.lab-panel .js-plotly-plot').length : -1,
+                            cell.querySelectorAll(sel + ' .js-plotly-plot').length : -1,
           errors: [...document.querySelectorAll('.jp-Notebook [data-mime-type="application/vnd.jupyter.stderr"]')]
                     .map(e => e.textContent).filter(t => /Traceback|Error/.test(t)).map(t => t.slice(0, 300))};
 }"""
@@ -290,18 +292,33 @@ def _run_all(page, server, name: str) -> dict:
     return session
 
 
-_STATUS = "() => document.querySelector('.lab-panel .lab-panel-status')?.textContent || ''"
+_STATUS = "(sel = '.lab-panel') => document.querySelector(sel + ' .lab-panel-status')?.textContent || ''"
 # what the browser draws: the output area's computed opacity (1 = not dimmed)
-_OPACITY = "() => Number(getComputedStyle(document.querySelector('.lab-panel .lab-panel-output')).opacity)"
+_OPACITY = "(sel = '.lab-panel') => Number(getComputedStyle(document.querySelector(sel + ' .lab-panel-output')).opacity)"
+# watch the panel's output area from now on: whether it was ever marked busy (dimmed), and its computed
+# opacity each time the mark arrives (a refresh of a few milliseconds is too short to poll)
+_WATCH_DIM = """(sel) => {
+  const o = document.querySelector(sel + ' .lab-panel-output');
+  if (window.__labDimObs) window.__labDimObs.disconnect();
+  const w = window.__labDim = {busy: false, min: 1};
+  window.__labDimObs = new MutationObserver(records => {
+    for (const r of records) if ((r.oldValue || '').split(' ').includes('lab-busy')) w.busy = true;
+    if (o.classList.contains('lab-busy')) { w.busy = true; w.min = Math.min(w.min, Number(getComputedStyle(o).opacity)); }
+  });
+  window.__labDimObs.observe(o, {attributes: true, attributeFilter: ['class'], attributeOldValue: true});
+}"""
 
 
-def _change_and_wait(page, name: str, action, expect, *, busy: bool = False) -> tuple[list[dict], list[dict]]:
-    """Do ``action`` on the page; wait until the panel's figures differ and satisfy ``expect``.
-    ``busy``: the change takes long enough that the panel must be seen saying "computing…"."""
-    before = page.evaluate(_PANEL_FIGURES)
-    outside = page.evaluate(_OUTSIDE)
+def _change_and_wait(page, name: str, action, expect, *, busy: bool = False,
+                     panel: str = ".lab-panel") -> tuple[list[dict], list[dict]]:
+    """Do ``action`` on the page; wait until the figures of ``panel`` (a selector: one panel, or every
+    panel of the page by default) differ and satisfy ``expect``. ``busy``: the panel must be seen
+    dimmed meanwhile (its output area marked busy, drawn at under half opacity)."""
+    before = page.evaluate(_PANEL_FIGURES, panel)
+    outside = page.evaluate(_OUTSIDE, panel)
     assert before and outside["strayInPanelCell"] == 0, f"{name}: figures outside the panel: {outside}"
-    page.wait_for_function(f"() => ({_OPACITY})() === 1", timeout=PAGE_TIMEOUT_MS)   # not dimmed at rest
+    page.wait_for_function(f"(sel) => ({_OPACITY})(sel) === 1", arg=panel, timeout=PAGE_TIMEOUT_MS)  # not dimmed at rest
+    page.evaluate(_WATCH_DIM, panel)
     t0 = time.perf_counter()
     action()
     # Poll what is drawn until it differs from before and satisfies `expect` (a redraw passes
@@ -309,30 +326,32 @@ def _change_and_wait(page, name: str, action, expect, *, busy: bool = False) -> 
     after, deadline, seen_busy, dimmest = before, t0 + REDRAW_S, False, 1.0
     while not (after != before and len(after) == len(before) and all(f["drawn"] for f in after) and expect(after)):
         if time.perf_counter() > deadline:
-            status = page.locator(".lab-panel .lab-panel-status").inner_text()
+            status = page.evaluate(_STATUS, panel)
             pytest.fail(f"{name}: the panel's figures did not change as expected within {REDRAW_S} s; "
                         f"status {status!r}; titles {[f['title'] for f in after]}")
         page.wait_for_timeout(100)
-        seen_busy = seen_busy or "computing" in page.evaluate(_STATUS)
-        dimmest = min(dimmest, page.evaluate(_OPACITY))
-        after = page.evaluate(_PANEL_FIGURES)
+        seen_busy = seen_busy or "computing" in page.evaluate(_STATUS, panel)
+        dimmest = min(dimmest, page.evaluate(_OPACITY, panel))
+        after = page.evaluate(_PANEL_FIGURES, panel)
     seconds = time.perf_counter() - t0
-    status = page.locator(".lab-panel .lab-panel-status").inner_text()
+    page.wait_for_function(f"(sel) => ({_OPACITY})(sel) === 1", arg=panel, timeout=PAGE_TIMEOUT_MS)  # and undimmed after
+    watched = page.evaluate("() => window.__labDim")
+    seen_busy, dimmest = seen_busy or watched["busy"], min(dimmest, watched["min"])
+    status = page.evaluate(_STATUS, panel)
     assert "computing" not in status and "Error" not in status, status
-    assert seen_busy or not busy, f"{name}: the panel never showed 'computing…' while it re-trained"
-    assert dimmest < 0.5 or not busy, f"{name}: the figures were never dimmed while it re-trained ({dimmest})"
-    page.wait_for_function(f"() => ({_OPACITY})() === 1", timeout=PAGE_TIMEOUT_MS)   # and undimmed after
-    now = page.evaluate(_OUTSIDE)
+    assert seen_busy or not busy, f"{name}: the panel was never marked 'computing…' while it recomputed"
+    assert dimmest < 0.5 or not busy, f"{name}: the figures were never dimmed while it recomputed ({dimmest})"
+    now = page.evaluate(_OUTSIDE, panel)
     assert now["n"] == outside["n"] and now["strayInPanelCell"] == 0, \
         f"{name}: output appeared outside the panel: {outside} -> {now}"
     print(f"\n{name}: the panel's figure changed {seconds:.2f} s after the control change")
     return before, after
 
 
-def _type_readout(page, description: str, value: str):
+def _type_readout(page, description: str, value: str, panel: str = ".lab-panel"):
     """Type a value into a slider's editable readout (what a student does for an exact value)."""
     def act():
-        slider = page.locator(".lab-panel .widget-slider", has=page.locator(".widget-label", has_text=description))
+        slider = page.locator(f"{panel} .widget-slider", has=page.locator(".widget-label", has_text=description))
         readout = slider.locator(".widget-readout")
         readout.click()
         page.keyboard.press("Control+A")
@@ -393,9 +412,20 @@ def test_stage_picker_redraws_inside_the_panel(notebook, lab_page):
     assert not console, f"browser console errors: {console}"
 
 
-def _control(page, kind: str, description: str):
+def _control(page, kind: str, description: str, panel: str = ".lab-panel"):
     """The panel's control of a widget kind (``widget-slider``, ``widget-dropdown``...) by its label."""
-    return page.locator(f".lab-panel .{kind}", has=page.locator(".widget-label", has_text=description))
+    return page.locator(f"{panel} .{kind}", has=page.locator(".widget-label", has_text=description))
+
+
+# a dropdown of a panel by its label: whether it is disabled, its tooltip (ipywidgets 8 shows one only on a
+# dropdown without a label), its options and value
+_DROPDOWN_STATE = """([sel, label]) => {
+  const box = [...document.querySelectorAll(sel + ' .widget-dropdown')]
+    .find(b => b.querySelector('.widget-label')?.textContent.trim() === label);
+  const select = box.querySelector('select');
+  return {disabled: select.disabled, tooltip: box.getAttribute('title') || box.querySelector('.widget-label')?.getAttribute('title') || '',
+          options: [...select.options].map(o => o.textContent.trim()), value: select.selectedOptions[0]?.textContent.trim()};
+}"""
 
 
 _SLIDER_STATE = """(label) => {
@@ -486,18 +516,59 @@ def test_mask_panel_layer_slider_follows_the_target_shown(notebook, lab_page):
 NOTEBOOK7_KNOWN = ("page error: Cannot read properties of undefined (reading 'schema')",)
 
 
-def _ablation_panel_reselects(page, console, where: str) -> None:
-    before, after = _change_and_wait(page, f"{where}04 AWARe panel: rho -> 0.5 (masks re-selected on stored saliency)",
-                                     _type_readout(page, "rho", "0.5"),
-                                     lambda figs: "rho=0.5" in figs[-1]["title"])
-    assert "rho=0.3" in before[-1]["title"] and before[0] == after[0]  # the results chart did not move
+RUNS_PANEL, MASK_PANEL = ".lab-panel-runspanel", ".lab-panel-maskpanel"   # notebook 04's two panels
+
+
+def _aware_panels(page, console, where: str) -> None:
+    """Notebook 04's two panels, each in its own cell, each doing one job: the finished runs' browser
+    (or its plain "no finished run yet"), and the frozen-row re-selection, which redraws only itself,
+    dimmed while it recomputes, and greys out the calibration picker for a rule that does not read it."""
+    cells = page.evaluate("""(sels) => sels.map(s => [...document.querySelectorAll(s)]
+        .map(p => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')].indexOf(p.closest('.jp-CodeCell'))))""",
+                          [RUNS_PANEL, MASK_PANEL])
+    assert [len(c) for c in cells] == [1, 1] and cells[0][0] != cells[1][0], f"{where}04: panels per cell {cells}"
+    runs_status = page.evaluate(_STATUS, RUNS_PANEL)
+    if "no finished run yet" in runs_status:                     # a study with nothing finished: said plainly
+        assert page.evaluate(_PANEL_FIGURES, RUNS_PANEL) == []
+        assert all(page.evaluate(_DROPDOWN_STATE, [RUNS_PANEL, d])["disabled"] for d in ("group", "measure"))
+    else:
+        assert re.search(r"\d+ finished runs? in methods", runs_status), runs_status
+        precision = page.evaluate(_DROPDOWN_STATE, [RUNS_PANEL, "precision"])
+        # a dropdown with a label shows no tooltip in ipywidgets 8: the reason is on the panel's status line
+        assert precision["disabled"] and "precision: every finished run trained in" in runs_status, (precision, runs_status)
+        mask_before = page.evaluate(_PANEL_FIGURES, MASK_PANEL)
+        _, after = _change_and_wait(
+            page, f"{where}04 runs panel: measure -> downstream accuracy",
+            lambda: _control(page, "widget-dropdown", "measure", RUNS_PANEL).locator("select")
+            .select_option(label="downstream accuracy"),
+            lambda figs: "downstream accuracy" in figs[0]["title"], busy=True, panel=RUNS_PANEL)
+        assert "AWARe (rho 0.3)" in after[0]["data"] or "methods/aware" not in after[0]["data"]
+        assert "highest downstream accuracy" in page.evaluate(_STATUS, RUNS_PANEL)
+        assert page.evaluate(_PANEL_FIGURES, MASK_PANEL) == mask_before     # the other panel did not move
+    runs_before = page.evaluate(_PANEL_FIGURES, RUNS_PANEL)
+    before, after = _change_and_wait(page, f"{where}04 mask panel: rho -> 0.5 (masks re-selected on stored saliency)",
+                                     _type_readout(page, "rho", "0.5", MASK_PANEL),
+                                     lambda figs: "rho=0.5" in figs[0]["title"] and len(figs) == 3,
+                                     busy=True, panel=MASK_PANEL)
+    assert "rho=0.3" in before[0]["title"] and "frozen rows" in after[1]["title"]
+    assert before[1]["data"] != after[1]["data"]                        # the frozen map redrawn
+    assert page.evaluate(_PANEL_FIGURES, RUNS_PANEL) == runs_before     # the runs' browser did not move
+    calib = page.evaluate(_DROPDOWN_STATE, [MASK_PANEL, "calibration"])
+    assert not calib["disabled"] and len(calib["options"]) > 1, calib
+    _change_and_wait(page, f"{where}04 mask panel: rule -> random",
+                     lambda: _control(page, "widget-dropdown", "rule", MASK_PANEL).locator("select")
+                     .select_option("random"),
+                     lambda figs: "random, rho=0.5" in figs[0]["title"], busy=True, panel=MASK_PANEL)
+    calib = page.evaluate(_DROPDOWN_STATE, [MASK_PANEL, "calibration"])
+    assert calib["disabled"] and "calibration: the random rule does not read the calibration saliency" \
+        in page.evaluate(_STATUS, MASK_PANEL), calib
     assert not console, f"browser console errors: {console}"
 
 
-def test_ablation_panel_reselects_masks_inside_the_panel(notebook, lab_page):
+def test_aware_panels_browse_runs_and_reselect_masks_each_in_its_own_panel(notebook, lab_page):
     page, console = lab_page
     notebook(PANEL_NOTEBOOKS[2])
-    _ablation_panel_reselects(page, console, "")
+    _aware_panels(page, console, "")
 
 
 # the text each figure in the panel's output area draws (axis ticks, table cells), whitespace removed:
@@ -542,6 +613,6 @@ def test_notebook7_panel_redraws_inside_the_panel(browser, tmp_path):
         _run_all(page, server, NOTEBOOK7_NOTEBOOK)
         assert page.locator("#main-panel .jp-Notebook").count() == 1, "not Notebook 7's one-notebook page"
         console[:] = [c for c in console if c not in NOTEBOOK7_KNOWN]
-        _ablation_panel_reselects(page, console, "Notebook 7: ")
+        _aware_panels(page, console, "Notebook 7: ")
     print(f"\nNotebook 7 test: {time.perf_counter() - t0:.1f} s (server start to server stop)")
 

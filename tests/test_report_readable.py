@@ -58,6 +58,32 @@ def test_a_figure_that_fits_is_left_alone():
     assert readable.fit(fig) is fig and readable.fit(fig.to_dict()) == fig.to_dict()
 
 
+def test_category_labels_that_would_collide_are_wrapped_in_the_continual_figure():
+    """Notebook 04's continual figure at the report's width: with five stages of long task names the
+    plain ``stage k: task`` labels would run into each other (plotly would then slant them into the
+    legend); the figure wraps them to the room of their stage and keeps them level, and still fits."""
+    import pandas as pd
+
+    from lab.experiments.aware import study_views
+    from lab.experiments.aware.study_views import category_tick_problems
+
+    tasks = ["fashion-mnist questions", "handwritten digits", "even or odd digit", "shapes in colour",
+             "letters of the alphabet"]
+    rows = [dict(protocol=p, stage=s, task=k, acc=0.5, lo=0.4, hi=0.6, floor=0.1, learned=True)
+            for p in ("full", "aware (paper: upstream saliency)", "aware + replay saliency (extension)")
+            for s, k in enumerate(tasks)]
+    fig = study_views.continual_figure({"continual_learned": pd.DataFrame(rows)})
+    plain = go.Figure(fig).update_traces(x=[f"stage {s + 1}: {k}" for s, k in enumerate(tasks)])
+    assert len(category_tick_problems(plain)) >= len(tasks)        # the case: plain labels collide
+    assert not category_tick_problems(fig) and not readable.problems(fig)
+    assert fig.layout.xaxis.tickangle == 0 and all("<br>" in x for x in fig.data[0].x[:2])
+    assert [x.replace("<br>", " ") for x in fig.data[0].x] == [f"stage {s + 1}: {k}" for s, k in enumerate(tasks)]
+    assert fig.layout.legend.yref == "container" and fig.layout.margin.b >= 24 + 16 * 3 + 22   # labels, then legend
+    assert category_tick_problems(study_views.continual_figure(          # narrower: wrapped tighter
+        {"continual_learned": pd.DataFrame(rows)}, width=600), 600) == []
+    assert "'fashion-mnist' is" not in " ".join(category_tick_problems(fig))
+
+
 def test_text_width_errs_wide_of_the_drawn_text():
     """Measured in Chromium with DejaVu Sans (plotly's fonts' widest fallback): 544 px for this title
     at 12 px, 760 at 16.8 px; the estimate must not fall short of them."""

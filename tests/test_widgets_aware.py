@@ -9,7 +9,8 @@ import torch
 pytest.importorskip("ipywidgets")
 
 from lab.experiments.aware import tables  # noqa: E402
-from lab.widgets.aware import AblationPanel, MaskPanel  # noqa: E402
+from lab.widgets import BUSY_CLASS  # noqa: E402
+from lab.widgets.aware import AblationPanel, MaskPanel, RunsPanel  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent / "experiments" / "aware"))   # the views tests' hand-made inputs
 from test_aware_views import results_table, study  # noqa: E402
@@ -79,35 +80,112 @@ def test_ablation_panel_switches_group_and_metric():
     assert p.values() == {"group": "methods", "metric": "H"} and shown(p)[0][0].startswith("methods: H")
 
 
-def test_ablation_panel_reselects_masks_live_on_the_runs_saliency(tmp_path):
-    res = results_table()
-    res["rule"], res["targets"], res["calib"], res["calib_n"] = "activation-global", "qkv+projector", "upstream", 8
+def _study_runs(n=2):
+    """A ``runs.csv`` shaped like ``lab aware study``'s: methods at three scales, ``n`` seeds, one AWARe selection."""
+    import pandas as pd
+
+    rows = []
+    for seed in range(n):
+        for v, rule, rho in (("methods/full", None, None), ("methods/aware", "activation-global", 0.3)):
+            for scale in (1 / 9, 1 / 3, 1.0):
+                rows.append({"variant": v, "group": "methods", "label": v.split("/")[1], "method": v.split("/")[1],
+                             "rho": rho, "rule": rule, "targets": "qkv+projector" if rule else None,
+                             "calib": "upstream" if rule else None, "calib_n": 8 if rule else None,
+                             "scale": scale, "lr": 1e-5 * scale, "seed": seed, "precision": "bf16",
+                             "downstream": 0.2 + 0.5 * scale, "R": 100 - 40 * scale - (10 if v.endswith("full") else 0)
+                             + seed, "R_probe": 100.0, "trainable_frac": 0.5})
+    return pd.DataFrame(rows)
+
+
+def test_mask_panel_on_a_study_folder_says_what_the_study_measured(tmp_path):
+    """Notebook 04's second panel: re-select the frozen rows for a rho / rule on the study's stored
+    saliency, show the mask, and say what the study measured for that exact selection."""
     st = study()
     st.norms = {k: torch.full_like(v, float("nan")) for k, v in st.norms.items()}  # as a saved run: no row norms
     st.save(tmp_path)
     (tmp_path / "row_norms.safetensors").unlink()
-    p = AblationPanel.from_run({"results": res, "run_dir": tmp_path})
-    assert list(p.controls) == ["group", "metric", "rule", "rho", "targets", "profile"]
+    p = MaskPanel.from_study({"path": tmp_path, "runs": _study_runs()})
+    assert list(p.controls) == ["rho", "rule", "profile", "targets", "show", "layer"]
     assert "weight-norm" not in p.controls["rule"].options          # needs the model's weight rows
     assert p.result["frozen_fraction"] == pytest.approx(0.3, abs=0.02)
-    assert "the run measured R" in p.status.value                   # rho=0.3, global: a fine-tuned variant
+    assert "the study fine-tuned this selection: downstream" in p.status.value   # rho=0.3, global, upstream-8
     first = shown(p)
-    assert len(first) == 2 and "activation-global, rho=0.3" in first[1][0]
+    assert len(first) == 3 and "activation-global, rho=0.3" in first[0][0] and "frozen rows" in first[1][0]
     p.controls["rho"].value = 0.5                                   # no fine-tuning: milliseconds
     assert p.result["frozen_fraction"] == pytest.approx(0.5, abs=0.02) and p.seconds < 2
-    assert "rho=0.5" in shown(p)[1][0] and shown(p)[1][1][0]["y"] != first[1][1][0]["y"]
-    assert "not fine-tuned in this run" in p.status.value
+    assert "rho=0.5" in shown(p)[0][0] and shown(p)[1][1][0]["z"] != first[1][1][0]["z"]   # the mask redrawn
+    assert "no finished run with this selection" in p.status.value
+    assert not p.controls["profile"].disabled and "calibration:" not in p.status.value
+    p.controls["rule"].value = "random"                             # the calibration set changes nothing
+    assert p.controls["profile"].disabled and "does not read the calibration saliency" in p.controls["profile"].tooltip
+    assert "calibration: the random rule does not read the calibration saliency" in p.status.value
     p.controls["rule"].value = "activation-balanced"                # the same fraction in every layer
+    assert not p.controls["profile"].disabled and p.controls["profile"].tooltip is None
     ft = tables.frozen_table(p.result["masks"])
     assert np.allclose(ft.fraction, np.round(0.5 * ft.rows) / ft.rows)
-    p.controls["targets"].value = "qkv"
-    assert "projector" not in p.result["by_target"] and "qkv, calibration" in shown(p)[1][0]
-    p.controls["profile"].value = "proxy-8"
-    assert p.result["profile"] == "proxy-8" and p.error is None
-    assert shown(p)[0] == first[0]                                 # the results chart did not change
     p.reset_button.click()
     assert p.result["rho"] == 0.3 and p.result["rule"] == "activation-global" and shown(p) == first
-    assert AblationPanel.from_run({"results": res, "run_dir": tmp_path / "none"}).study is None
+    assert p.error is None
+
+
+def test_mask_panel_with_one_calibration_set_greys_out_the_picker():
+    p = MaskPanel(study(n_profiles=1))
+    assert p.controls["profile"].disabled and "one calibration set" in p.status.value
+
+
+def test_runs_panel_browses_the_finished_runs():
+    """Notebook 04's first panel: one line per variant over the learning-rate scales, mean over seeds."""
+    runs = _study_runs()
+    p = RunsPanel({"path": "x", "runs": runs})
+    assert list(p.controls) == ["group", "metric", "precision"] and p.error is None
+    (title, data), = shown(p)
+    assert title.startswith("methods: R, multimodal retention (%)") and [t["name"] for t in data] == \
+        ["full fine-tuning", "AWARe (rho 0.3)"]
+    assert data[0]["x"] == ["1/9", "1/3", "1"] and data[1]["y"][0] == pytest.approx(100 - 40 / 9 + 0.5)
+    assert "<b>12</b> finished runs in methods (2 variants)" in p.status.value
+    assert "AWARe (rho 0.3) at scale 1/9" in p.status.value
+    # one group and one precision so far: those pickers change nothing, greyed out with the reason
+    assert p.controls["group"].disabled and p.controls["precision"].disabled and not p.controls["metric"].disabled
+    assert "all of one group" in p.controls["group"].tooltip and "every finished run trained in bf16" in p.status.value
+    p.controls["metric"].value = "downstream"
+    (title, data), = shown(p)
+    assert "downstream accuracy" in title and data[0]["y"][2] == pytest.approx(0.7) and "at scale 1</b> (0.700)" in p.status.value
+    more = runs.assign(group="rho", variant="rho/rho=0", precision="float32").iloc[:3]
+    p2 = RunsPanel(pd_concat(runs, more), metric="R")
+    assert not p2.controls["group"].disabled and not p2.controls["precision"].disabled
+    p2.controls["group"].value = "rho"
+    assert p2.output.outputs == () and "rho: no finished bf16 run" in p2.status.value
+    p2.controls["precision"].value = "float32"
+    assert [t["name"] for t in shown(p2)[0][1]] == ["rho 0"] and p2.error is None
+
+
+def pd_concat(*frames):
+    import pandas as pd
+
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.mark.parametrize("panel", [lambda runs: RunsPanel({"path": "x", "runs": runs}),
+                                   lambda runs: AblationPanel(runs)], ids=["runs", "ablation"])
+def test_a_browser_with_no_finished_run_says_so_and_greys_out_its_pickers(panel):
+    import pandas as pd
+
+    p = panel(pd.DataFrame(columns=["group", "variant", "scale", "seed", "R", "H", "downstream"]))
+    assert p.error is None and p.output.outputs == () and p.figures == []
+    assert "no finished run yet" in p.status.value
+    assert all(c.disabled and c.tooltip == "no finished run yet" for c in p.controls.values())
+
+
+def test_the_figures_stay_dimmed_until_the_new_ones_are_in_place():
+    """The figure being recomputed is dimmed (a CSS class the panel's style draws at 35 % opacity, at
+    once) until the new figures replace it; only then does the class go."""
+    p = MaskPanel(study())
+    seen = []
+    p.output.observe(lambda ch: seen.append(BUSY_CLASS in p.output._dom_classes), names="outputs")
+    p.controls["rho"].value = 0.5
+    assert seen == [True] and BUSY_CLASS not in p.output._dom_classes
+    style = p.widget.children[0].value
+    assert f".{BUSY_CLASS}{{opacity:.35;transition:none}}" in style
 
 
 def test_panels_show_percentages_with_one_decimal():
@@ -138,7 +216,9 @@ def test_mask_panel_layer_slider_spans_the_layers_of_the_target_shown():
 
 
 def test_ablation_panel_reads_the_same_inputs():
-    """The ablation panel's data inputs are unchanged (its study tables are redesigned elsewhere)."""
+    """The ablation panel's data inputs are unchanged; it browses the table and nothing else."""
     import inspect
 
     assert list(inspect.signature(AblationPanel.from_run).parameters) == ["run", "kw"]
+    p = AblationPanel.from_run({"results": results_table(), "run_dir": "none"})
+    assert list(p.controls) == ["group", "metric"] and len(p.figures) == 1

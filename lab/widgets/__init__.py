@@ -24,7 +24,9 @@ costs a few milliseconds and needs nothing extra.)
 While a refresh runs, the status line says "computing…", the figures are dimmed and the controls
 are disabled; the status line ends with the seconds the refresh took. The dimming is a CSS class on
 the output area (``lab-busy``, added and removed through ipywidgets' synced ``_dom_classes``) and a
-style the panel carries with it (:data:`STYLE`), so the browser really shows it. A control that does
+style the panel carries with it (:data:`STYLE`), so the browser really shows it: the figures dim at
+once (no transition on the way down, so even a refresh of a few milliseconds shows), stay dimmed
+until the new figures are in the output area, and fade back in. A control that does
 nothing for the current choice of the others is disabled, its tooltip and the status line say why
 (:meth:`Panel.sync_controls` sets :attr:`Panel.inactive`), and a slider's range follows what it
 indexes (e.g. notebook 03's layer slider spans the layers of the target shown).
@@ -37,9 +39,11 @@ Under papermill a panel executes once with its defaults (the offline HTML shows 
   baseline pickers re-training TOSCA on cached features: accuracy, gate sparsity, task overlap,
   a baseline for comparison (notebook 02).
 * :class:`~lab.widgets.aware.MaskPanel` — rho / rule / calibration set / target pickers re-running
-  AWARe's masking rule on stored saliency (notebook 03).
-* :class:`~lab.widgets.aware.AblationPanel` — browse an ablation results table, and re-select the
-  frozen rows live on the run's stored saliency (notebook 04).
+  AWARe's masking rule on stored saliency (notebooks 03 and 04; on a study folder it also says what
+  the study measured for the selection).
+* :class:`~lab.widgets.aware.RunsPanel` — browse a study's finished runs, one measure per variant
+  and learning-rate scale (notebook 04); "no finished run yet" when there is none.
+* :class:`~lab.widgets.aware.AblationPanel` — browse a ``lab aware ablate`` results table.
 * :class:`~lab.widgets.compare.RouterComparePanel` — pick your router, the built-in routers and a
   metric: paired differences over seeds with verdicts, from results already computed (notebook 05).
 """
@@ -51,15 +55,15 @@ from importlib import import_module
 from typing import Any
 
 _LAZY = {"StagePanel": "ventral", "ToscaPanel": "tosca", "MaskPanel": "aware", "AblationPanel": "aware",
-         "RouterComparePanel": "compare"}
+         "RunsPanel": "aware", "RouterComparePanel": "compare"}
 __all__ = ["Panel", "figure_output", "PLOTLY_MIME", *_LAZY]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 BUSY = "computing…"
 BUSY_CLASS = "lab-busy"
 # what the browser shows while a panel computes: its figures dimmed (the class is set from the kernel)
-STYLE = ("<style>.lab-panel-output{transition:opacity .15s}"
-         f".lab-panel-output.{BUSY_CLASS}{{opacity:.35}}"
+STYLE = ("<style>.lab-panel-output{transition:opacity .3s}"
+         f".lab-panel-output.{BUSY_CLASS}{{opacity:.35;transition:none}}"
          ".lab-panel .widget-inline-hbox .widget-label{min-width:5em}"
          ".lab-panel-hint{color:#57606a;font-size:.9em}</style>")
 
@@ -167,16 +171,17 @@ class Panel:
         self._busy(True)
         try:
             self.result, self.figures = self.compute(**self.values())
+            self.seconds, self.error = time.perf_counter() - t0, None
+            self.refreshes += 1
+            self.status.value = (f"{self.describe(self.result)} <small>({self.seconds:.1f} s)</small>"
+                                 f"{self._inactive_note()}")
+            # Set the Output widget's contents directly (not `with self.output: display(...)`, which can
+            # stall nbclient/papermill on the executing cell, and not `append_display_data(fig)`, which
+            # shows plotly figures outside the panel — see the module docstring). Still dimmed: the old
+            # figures stay dim until the new ones replace them.
+            self.output.outputs = tuple(figure_output(f) for f in self.figures)
         finally:
             self._busy(False)
-        self.seconds, self.error = time.perf_counter() - t0, None
-        self.refreshes += 1
-        self.status.value = (f"{self.describe(self.result)} <small>({self.seconds:.1f} s)</small>"
-                             f"{self._inactive_note()}")
-        # Set the Output widget's contents directly (not `with self.output: display(...)`, which can
-        # stall nbclient/papermill on the executing cell, and not `append_display_data(fig)`, which
-        # shows plotly figures outside the panel — see the module docstring).
-        self.output.outputs = tuple(figure_output(f) for f in self.figures)
 
     def reset(self) -> None:
         """Every control back to the notebook's parameters; one refresh."""
@@ -208,6 +213,7 @@ class Panel:
                                                  layout=w.Layout(flex_flow="row wrap")),
                                    *hint, self.status, self.output])
             self._widget.add_class("lab-panel")
+            self._widget.add_class(f"lab-panel-{type(self).__name__.lower()}")   # which panel, for the page
         return self._widget
 
     def _ipython_display_(self):

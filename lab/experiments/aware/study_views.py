@@ -531,25 +531,95 @@ def continual_comparisons(study: dict):
                          "reading": c.direction})
 
 
-def continual_figure(study: dict, *, title: str = ""):
-    """Accuracy on each stage's new task, per protocol, with 95 % intervals and the task's floor."""
+# ---------------------------------------------------------------- category labels on the x axis
+# (lab.report.readable fits titles and legends; these check and wrap a figure's x categories)
+TICK_GAP_PX = 8      # room kept free between two neighbouring category labels
+
+
+def _category_room(fig: dict, width: float | None) -> tuple[list[str], float, float]:
+    """(the x axis' categories, the px each gets, the tick font size) when ``fig`` is drawn ``width``
+    px wide (its own width, else the report's): the plot area (plotly's default margins, 80 px each
+    side, unless set) shared evenly among the categories."""
+    from lab.report.readable import FONT_SIZE, REPORT_WIDTH
+
+    layout = fig.get("layout") or {}
+    w = float(layout.get("width") or width or REPORT_WIDTH)
+    margin = layout.get("margin") or {}
+    plot_w = w - float(margin.get("l", 80)) - float(margin.get("r", 80))
+    cats: list[str] = []
+    for t in fig.get("data") or []:
+        if t.get("type", "scatter") in ("bar", "scatter", "box") and t.get("x") is not None and \
+                not isinstance(t.get("x"), dict) and all(isinstance(x, str) for x in t["x"]):
+            cats += [x for x in t["x"] if x not in cats]
+    size = float(((layout.get("xaxis") or {}).get("tickfont") or {}).get("size")
+                 or (layout.get("font") or {}).get("size") or FONT_SIZE)
+    return cats, (plot_w / len(cats) if cats else plot_w), size
+
+
+def category_tick_problems(fig, width: float | None = None) -> list[str]:
+    """Category labels on the x axis that would run into their neighbours when ``fig`` (a Figure
+    or its dict) is drawn ``width`` px wide (:data:`lab.report.readable.REPORT_WIDTH` by default):
+    a label line wider than the room its category gets (plotly then turns every label on a slant,
+    into whatever lies under the axis — often the legend). Empty: they fit side by side."""
+    from lab.report.readable import text_width
+
+    d = fig.to_dict() if hasattr(fig, "to_dict") else fig
+    cats, room, size = _category_room(d, width)
+    out = []
+    for c in cats:
+        for line in c.split("<br>"):
+            if text_width(line, size) > room - TICK_GAP_PX:
+                out.append(f"x label {line!r} is {text_width(line, size):.0f} px wide; {room - TICK_GAP_PX:.0f} px "
+                           f"per category fit ({len(cats)} categories)")
+    return out
+
+
+def wrap_category(label: str, room: float, size: float = 12) -> str:
+    """``label`` broken at spaces (``<br>``) into lines that each fit ``room`` px (a single word wider
+    than that stays whole; :func:`category_tick_problems` names it)."""
+    from lab.report.readable import wrap
+
+    return "<br>".join(wrap(label, room - TICK_GAP_PX, size))
+
+
+def continual_figure(study: dict, *, title: str = "", width: float | None = None):
+    """Accuracy on each stage's new task, per protocol, with 95 % intervals and the task's floor.
+
+    The x labels (``stage k: task``) are wrapped to the room each stage gets at ``width`` px (the
+    report's, :data:`lab.report.readable.REPORT_WIDTH`, by default) and never turned on a slant, so
+    they neither collide nor run into the legend under them (:func:`category_tick_problems`)."""
     import plotly.graph_objects as go
+
+    from lab.report.readable import REPORT_WIDTH, text_width
 
     t = study.get("continual_learned")
     fig = go.Figure()
     if t is None or not len(t):
         return fig.update_layout(title="the continual sequences have not run yet", height=240)
-    tasks = list(dict.fromkeys(t.task))
+    margin = dict(l=60, r=20, t=80)
+    stages = list(dict.fromkeys(zip(t.stage, t.task)))
+    room = ((width or REPORT_WIDTH) - margin["l"] - margin["r"]) / len(stages)
+    label = {st: wrap_category(f"stage {st[0] + 1}: {st[1]}", room) for st in stages}
     for p, g in t.groupby("protocol", sort=False):
-        fig.add_trace(go.Bar(x=[f"stage {s + 1}: {k}" for s, k in zip(g.stage, g.task)], y=g.acc,
-                             name=PROTOCOL_NAMES.get(p, p),
+        fig.add_trace(go.Bar(x=[label[st] for st in zip(g.stage, g.task)], y=g.acc, name=PROTOCOL_NAMES.get(p, p),
                              error_y=dict(type="data", symmetric=False, array=g.hi - g.acc, arrayminus=g.acc - g.lo)))
     fl = t.groupby("task", sort=False).floor.first()
-    for i, k in enumerate(tasks):
+    for i, (_, k) in enumerate(stages):
         fig.add_shape(type="line", x0=i - 0.45, x1=i + 0.45, y0=fl[k], y1=fl[k], line=dict(dash="dot", color="grey"))
+    # under the plot: the labels' lines, then the legend (its rows as they pack into the figure's width)
+    lines = max(lab.count("<br>") + 1 for lab in label.values())
+    names = [PROTOCOL_NAMES.get(p, p) for p in dict.fromkeys(t.protocol)]
+    rows, x = 1, 0.0
+    for n in names:
+        w = text_width(n) + 44
+        if x and x + w > (width or REPORT_WIDTH) - 20:
+            rows, x = rows + 1, 0.0
+        x += w
+    margin["b"] = 24 + 16 * lines + 22 * rows
     fig.update_layout(barmode="group", title=title or "Continual sequence: each new task learned, against its floor",
-                      yaxis_title="accuracy on the stage's task", yaxis_range=[0, 1], height=420,
-                      legend=dict(orientation="h", y=-0.2))
+                      yaxis_title="accuracy on the stage's task", yaxis_range=[0, 1], height=340 + margin["b"],
+                      margin=margin, xaxis=dict(tickangle=0, automargin=False),
+                      legend=dict(orientation="h", x=0, xanchor="left", y=0, yanchor="bottom", yref="container"))
     return fig
 
 
@@ -597,14 +667,6 @@ def paper_table():
     import pandas as pd
 
     return pd.DataFrame(PAPER, columns=["the paper's figure", "value", "its protocol"])
-
-
-def panel_run(study: dict) -> dict:
-    """The study folder for :meth:`lab.widgets.aware.AblationPanel.from_run`: the saliency profiles
-    (live mask re-selection) with no per-variant results table (the fronts are shown by the figures)."""
-    import pandas as pd
-
-    return {"results": pd.DataFrame(columns=["group", "variant", "downstream", "R", "E", "H"]), "run_dir": study["path"]}
 
 
 README_HEADING = "## What the offline AWARe default measures"
