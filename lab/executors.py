@@ -6,7 +6,11 @@ A sweep hands :func:`run` a list of :class:`Job`: a module-level function, the v
 (``shared``: read-only inputs every variant needs, put into Ray's object store once) and write each
 result once, as ``<results_dir>/<key>.json``, as soon as it arrives; a variant whose file is already
 there is skipped and its stored result used, so a killed sweep started again with the same
-``results_dir`` runs only what is missing. Results are JSON values (tidy rows: dicts of numbers and
+``results_dir`` runs only what is missing. A stored file that cannot be read, or that the sweep's
+``check`` refuses (e.g. an empty list where a variant's rows belong), is never taken as done: the
+sweep stops before running anything, with one line naming the file (remove it and the variant runs
+again); a fresh result the ``check`` refuses is not stored. Each file is written whole or not at all
+(:func:`lab._io.atomic_write`), so a sweep stopped by Ctrl-C or SIGTERM leaves no half-written one. Results are JSON values (tidy rows: dicts of numbers and
 strings) and come back through the same JSON round trip under either executor, so the tables a sweep
 merges from them are identical. Ray is optional (``pip install -e '.[scale]'``).
 """
@@ -41,6 +45,11 @@ class Job:
 
 def check(executor: str, address: str | None = None) -> None:
     """The one check of ``--executor`` / ``--address`` (before any work)."""
+    check_executor(executor, address)
+
+
+def check_executor(executor: str, address: str | None = None) -> None:
+    """:func:`check` (under a second name: :func:`run`'s ``check`` is a result check)."""
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
     if address is not None and executor != "ray":
@@ -103,12 +112,32 @@ def _store(results_dir: Path | None, key: str, text: str):
     return json.loads(text)
 
 
+FIX = "remove it and the variant runs again"
+
+
+def _read_stored(f: Path, j: Job, verify) -> Any:
+    """A stored result, readable and accepted by ``verify`` (else ValueError naming ``f``)."""
+    from lab._io import CorruptFile, read_json
+
+    try:
+        result = read_json(f)
+    except (CorruptFile, UnicodeDecodeError) as exc:
+        raise ValueError(f"{f}: not a readable result ({' '.join(str(exc).split())[:200]}); {FIX}") from None
+    why = verify(result, j.config) if verify is not None else None
+    if why:
+        raise ValueError(f"{f}: {why}; {FIX}")
+    return result
+
+
 def run(jobs: Sequence[Job], *, executor: str = "local", address: str | None = None, shared: tuple = (),
         results_dir: str | os.PathLike | None = None, workers: int | None = None,
-        log: Callable[[str], None] | None = None) -> list:
+        log: Callable[[str], None] | None = None, check: Callable[[Any, Any], str | None] | None = None) -> list:
     """Every job's result, in ``jobs`` order. ``workers``: CPUs of a local Ray instance (default:
-    this machine's); ignored with ``address``. ``log`` gets one line per finished (or skipped) job."""
-    check(executor, address)
+    this machine's); ignored with ``address``. ``log`` gets one line per finished (or skipped) job.
+    ``check(result, config)``: what is wrong with a job's result (``None``: nothing), applied to every
+    stored result before anything runs and to every fresh one before it is stored."""
+    verify = check
+    check_executor(executor, address)
     keys = [j.key for j in jobs]
     if len(set(keys)) != len(keys):
         raise ValueError("job keys must be unique")
@@ -116,24 +145,31 @@ def run(jobs: Sequence[Job], *, executor: str = "local", address: str | None = N
     out: dict[str, Any] = {}
     if results_dir is not None:
         results_dir.mkdir(parents=True, exist_ok=True)
-        from lab._io import read_json
-
         for j in jobs:
             f = results_dir / f"{j.key}.json"
             if f.is_file():
-                out[j.key] = read_json(f)
+                out[j.key] = _read_stored(f, j, verify)
                 if log:
                     log(f"  {j.key}: done earlier, skipped")
     todo = [j for j in jobs if j.key not in out]
     if todo:
-        (_run_local if executor == "local" else _run_ray)(todo, shared, results_dir, out, address, workers, log)
+        (_run_local if executor == "local" else _run_ray)(todo, shared, results_dir, out, address, workers, log,
+                                                          verify)
     return [out[k] for k in keys]
 
 
-def _run_local(todo, shared, results_dir, out, address, workers, log):
+def _checked(j: Job, text: str, verify) -> str:
+    """A fresh result's JSON text, once ``verify`` accepts it (else RuntimeError: nothing stored)."""
+    why = verify(json.loads(text), j.config) if verify is not None else None
+    if why:
+        raise RuntimeError(f"variant {j.key}: its result {why}; nothing was stored")
+    return text
+
+
+def _run_local(todo, shared, results_dir, out, address, workers, log, verify=None):
     for i, j in enumerate(todo):
         t0 = time.perf_counter()
-        out[j.key] = _store(results_dir, j.key, _roundtrip(j.fn(j.config, *shared)))
+        out[j.key] = _store(results_dir, j.key, _checked(j, _roundtrip(j.fn(j.config, *shared)), verify))
         if log:
             log(f"  [{i + 1}/{len(todo)}] {j.key}: {time.perf_counter() - t0:.1f} s")
 
@@ -143,7 +179,7 @@ def _call(fn, config, *shared):
     return _roundtrip(fn(config, *shared))
 
 
-def _run_ray(todo, shared, results_dir, out, address, workers, log):
+def _run_ray(todo, shared, results_dir, out, address, workers, log, verify=None):
     import ray
 
     started = not ray.is_initialized()
@@ -166,7 +202,7 @@ def _run_ray(todo, shared, results_dir, out, address, workers, log):
                 for ref in pending:
                     ray.cancel(ref)
                 raise RuntimeError(f"variant {j.key} failed on Ray: {exc}") from exc
-            out[j.key] = _store(results_dir, j.key, text)
+            out[j.key] = _store(results_dir, j.key, _checked(j, text, verify))
             done += 1
             if log:
                 log(f"  [{done}/{len(todo)}] {j.key}: done at {time.perf_counter() - t0:.1f} s")

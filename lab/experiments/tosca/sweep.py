@@ -5,8 +5,10 @@ run by :mod:`lab.executors` — one after another here (``local``) or one Ray ta
 Each variant trains once and is evaluated under every router in ``routings`` (a router costs no
 training, so a router sweep is free). Written into the sweep's folder:
 
-* ``variants/<key>.json``  one per finished variant; a sweep started again on the same folder
-                           (``lab tosca --resume DIR``) skips them
+* ``variants/<key>.json``  one per finished variant (its rows); a sweep started again on the same
+                           folder (``lab tosca --resume DIR``) skips them — each file checked first
+                           (:func:`check_rows`): an empty, damaged or foreign one is refused by name,
+                           never taken as done (the sweep would return fewer seeds than asked)
 * ``runs.parquet``         tidy: one row per (seed, l1, routing): Ā, A_B, routing accuracy (%)
 * ``summary.parquet``      per (method, l1, routing): seeds, mean and the 95 % t-interval over seeds
 * ``sweep.json``           the base config, the seeds and L1 values, the executor
@@ -37,6 +39,30 @@ def run_variant(cfg: RunConfig, runs_root: str) -> list[dict]:
     from .study import run_one
 
     return [{**row, "l1": cfg.l1} for row in run_one(cfg, runs_root)]
+
+
+def check_rows(rows, cfg: RunConfig) -> str | None:
+    """What is wrong with a variant's result (its rows) for ``cfg``, or ``None``: a non-empty list of
+    rows, one per evaluated routing, each naming the variant's scenario, seed, method and L1 coefficient
+    and holding every metric as a number."""
+    from .methods import METHODS
+
+    if not isinstance(rows, list):
+        what = {dict: "object", str: "string", type(None): "null", bool: "boolean"}.get(type(rows), "number")
+        return f"is not a variant's rows (a JSON {what}, not an array)"
+    if not rows:
+        return "holds no rows (an empty list): it is not a finished variant"
+    routings = set(cfg.evaluated_routings) if METHODS.info(cfg.method)["routed"] else {"single"}
+    ident = {"scenario": "+".join(cfg.datasets), "seed": cfg.seed, "method": cfg.method, "l1": cfg.l1}
+    if not (all(isinstance(r, dict) for r in rows) and sorted(str(r.get("routing")) for r in rows) == sorted(routings)
+            and all(r.get(k) == v for r in rows for k, v in ident.items())):
+        return (f"its rows are not one per routing ({', '.join(sorted(routings))}) of {cfg.method} on "
+                f"{ident['scenario']}, seed {cfg.seed}, L1 {cfg.l1:g}")
+    missing = sorted({m for r in rows for m in METRICS
+                      if isinstance(r.get(m), bool) or not isinstance(r.get(m), (int, float))})
+    if missing:
+        return f"a row lacks a number for {', '.join(missing)}"
+    return None
 
 
 def summarise(runs):
@@ -105,7 +131,7 @@ def run_sweep(base: RunConfig, seeds, l1s, folder: Path, *, executor: str = "loc
     scratch = folder / "scratch"    # each variant's run folder, removed once its rows are read (study.run_one)
     try:
         results = executors.run(jobs, executor=executor, address=address, shared=(str(scratch),),
-                                results_dir=folder / "variants", log=log)
+                                results_dir=folder / "variants", log=log, check=check_rows)
     finally:
         study._DATA.clear()
         if scratch.is_dir() and not any(scratch.iterdir()):
