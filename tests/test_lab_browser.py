@@ -241,13 +241,14 @@ _PROMPTS_DONE = """() => {
 }"""
 # every figure in the panel's output area as drawn: its title, and its traces' decoded x/y/z
 # (each snippet takes the panel's selector, by default every panel of the page: notebook 04 has two)
-_PANEL_FIGURES = """(sel = '.lab-panel') => [...document.querySelectorAll(sel + ' .lab-panel-output .js-plotly-plot')].map(d => ({
+_PANEL_FIGURES = """(sel) => [...document.querySelectorAll((sel || '.lab-panel') + ' .lab-panel-output .js-plotly-plot')].map(d => ({
   title: d.querySelector('.gtitle')?.textContent || '',
   drawn: !!d.querySelector('.main-svg'),
   data: JSON.stringify((d._fullData || []).map(t => [t.x, t.y, t.z]),
                        (k, v) => ArrayBuffer.isView(v) ? Array.from(v) : v)}))"""
 _ALL_DRAWN = f"() => {{ const f = ({_PANEL_FIGURES})(); return f.length > 0 && f.every(x => x.drawn); }}"
-_OUTSIDE = """(sel = '.lab-panel') => {
+_OUTSIDE = """(sel) => {
+  sel = sel || '.lab-panel';
   const outs = [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output')].filter(o => !o.closest('.lab-panel'));
   const cell = document.querySelector(sel)?.closest('.jp-CodeCell');
   return {n: outs.length, text: outs.map(o => o.textContent.slice(0, 80)).join('|'),
@@ -292,9 +293,9 @@ def _run_all(page, server, name: str) -> dict:
     return session
 
 
-_STATUS = "(sel = '.lab-panel') => document.querySelector(sel + ' .lab-panel-status')?.textContent || ''"
+_STATUS = "(sel) => document.querySelector((sel || '.lab-panel') + ' .lab-panel-status')?.textContent || ''"
 # what the browser draws: the output area's computed opacity (1 = not dimmed)
-_OPACITY = "(sel = '.lab-panel') => Number(getComputedStyle(document.querySelector(sel + ' .lab-panel-output')).opacity)"
+_OPACITY = "(sel) => Number(getComputedStyle(document.querySelector((sel || '.lab-panel') + ' .lab-panel-output')).opacity)"
 # watch the panel's output area from now on: whether it was ever marked busy (dimmed), and its computed
 # opacity each time the mark arrives (a refresh of a few milliseconds is too short to poll)
 _WATCH_DIM = """(sel) => {
