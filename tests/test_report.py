@@ -535,13 +535,56 @@ def test_progress_bars_are_off_in_a_report_kernel_even_when_asked_for():
 
 def test_report_kernels_encrypt_their_transport():
     """The kernels lab report starts use CurveZMQ where the kernelspec declares it (no 'Kernel is
-    running over TCP without encryption' warning on the terminal)."""
+    running over TCP without encryption' warning), set through jupyter_client's public
+    ``transport_encryption`` config trait that papermill hands to its kernel manager."""
     from jupyter_client import AsyncKernelManager
 
-    km = pipeline.kernel_manager_class()
-    if km is AsyncKernelManager:
+    from lab.report import _execute
+
+    cfg = _execute.kernel_config()
+    if "transport_encryption" not in cfg.get("KernelManager", {}):
         pytest.skip("jupyter_client or pyzmq here cannot encrypt the kernel transport")
-    assert issubclass(km, AsyncKernelManager) and km().transport_encryption == "auto"
+    assert AsyncKernelManager(config=cfg).transport_encryption == "auto"
+
+
+@pytest.mark.notebook
+def test_ctrl_c_shuts_every_kernel_down_and_says_how_to_render_the_rest(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's whole process group) while two notebooks run and one waits:
+    exit 130, one stderr line naming the `lab report --only ...` command for the three, no
+    traceback, no staging, no kernel left running."""
+    import signal
+    import time
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("import time\ntime.sleep(60)")]
+    (tmp_path / "nb").mkdir()
+    for name in ("s1", "s2", "s3"):
+        nbformat.write(nb, tmp_path / "nb" / f"{name}.ipynb")
+    out, runtime = tmp_path / "out", tmp_path / "tmp"     # the kernels' connection files: temporary files
+    runtime.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "lab", "report", "--notebooks", str(tmp_path / "nb"), "--out",
+                             str(out), "--no-png", "--jobs", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env={**os.environ, "TMPDIR": str(runtime)})
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(runtime.glob("*.json"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(list(runtime.glob("*.json"))) == 2, "the kernels never started"
+        time.sleep(2.0)
+        os.killpg(proc.pid, signal.SIGINT)          # as a terminal's Ctrl-C
+        err = proc.communicate(timeout=45)[1]       # well before the notebooks' 60 s cell ends
+    finally:
+        proc.kill()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 130, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("lab report: interrupted; 0 of 3 notebooks rendered") and \
+        lines[0].endswith("--only s1 --only s2 --only s3"), lines[0]
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+    assert not list(runtime.glob("*.json"))         # jupyter_client removes it when its kernel is shut down
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(runtime) not in ps, "a kernel is still running"
 
 
 def test_index_links_are_relative_files_and_names_escaped(tmp_path):

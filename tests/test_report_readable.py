@@ -5,7 +5,6 @@ kernel that finished. The unit tests use hand-made figures and pages; the last t
 00, 03 and 05 with the smoke parameters and ``--solutions`` and read every page."""
 from __future__ import annotations
 
-import asyncio
 import html
 import re
 from pathlib import Path
@@ -178,7 +177,7 @@ def test_links_to_the_glossary_point_at_the_rendered_page():
     assert 'href="../glossary.html#cka"' in glossary.relink('<a href="../docs/glossary.md#cka">', "../")
 
 
-# --- paths and the kernel's shutdown ----------------------------------------------------------------
+# --- paths and the kernel's output -------------------------------------------------------------------
 def test_folders_of_the_build_machine_are_replaced(tmp_path):
     pairs = _paths.replacements(tmp_path / "reports")
     text = (f"source {ROOT}/lab/data/assets/x.npz; saved to {tmp_path}/reports/a.html; {Path.home()}/.cache; "
@@ -189,15 +188,23 @@ def test_folders_of_the_build_machine_are_replaced(tmp_path):
     assert alike.endswith(f"{ROOT.name}x/a") and not alike.startswith(".")  # not taken for the repository
 
 
-def test_a_finished_kernel_is_not_interrupted_at_shutdown():
-    """jupyter_client's shutdown sends SIGINT first; to an idle kernel that only races with its message
-    handling and logs "KeyboardInterrupt caught in kernel" as an ERROR into a successful run."""
-    km = pipeline.kernel_manager_class({"X": "1"})()
-    km.shutting_down = True
-    assert asyncio.run(km._async_interrupt_kernel()) is None          # skipped while shutting down
-    km.shutting_down = False
-    with pytest.raises(RuntimeError, match="No kernel is running"):   # otherwise jupyter_client's own
-        asyncio.run(km._async_interrupt_kernel())
+def test_the_kernel_speaks_to_its_log_file_not_to_the_terminal(tmp_path):
+    """A notebook runs in a process of its own (lab.report._execute) whose stdout and stderr, and so
+    its kernel's (jupyter_client's shutdown interrupts an idle kernel, which logs "KeyboardInterrupt
+    caught in kernel"), go to a log file; what comes back is the progress lines and the result."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("## Setup"),
+                nbformat.v4.new_code_cell("import sys\nprint('to the notebook')\nsys.__stderr__.write('kernel noise\\n')")]
+    nbformat.write(nb, tmp_path / "k.ipynb")
+    lines: list[str] = []
+    spec = {"name": "k", "input": str(tmp_path / "k.ipynb"), "output": str(tmp_path / "k.out.ipynb"), "parameters": {},
+            "kernel": pipeline.kernel_name(), "cwd": str(tmp_path), "log": str(tmp_path / "k.log"),
+            "start_timeout": 120, "timeout": 120}
+    assert pipeline.execute(spec, {}, lines.append) == {"ok": True}
+    assert len(lines) == 1 and lines[0].endswith("cell 1/2  Setup"), lines
+    assert "kernel noise" in (tmp_path / "k.log").read_text()
+    out = nbformat.read(tmp_path / "k.out.ipynb", as_version=4)
+    assert out.cells[1].outputs[0]["text"] == "to the notebook\n"
 
 
 # --- the three teaching notebooks, rendered -------------------------------------------------------

@@ -109,6 +109,9 @@ def _cmd(args: argparse.Namespace) -> int:
     except ParamsError as exc:
         print(f"lab report: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:     # every kernel is shut down by now
+        print(interrupted_line(args, exc), file=sys.stderr, flush=True)
+        return 130
     failed = [r for r in results if not r.ok]
     for r in failed:
         where = f" at In [{r.failed_cell}]" if r.failed_cell is not None else ""
@@ -120,6 +123,35 @@ def _cmd(args: argparse.Namespace) -> int:
     print(f"\n{len(results) - len(failed)}/{len(results)} notebooks ok in {total:.0f} s; "
           f"open {out}/index.html")
     return 1 if failed else 0
+
+
+def resume_command(args: argparse.Namespace, left: list[str]) -> str:
+    """The `lab report` command that renders only the notebooks in ``left``, with the same options."""
+    import shlex
+
+    cmd = ["lab", "report"]
+    for flag, value in (("--notebooks", args.notebooks), ("--out", args.out), ("--kernel", args.kernel),
+                        ("--timeout", args.timeout), ("--jobs", args.jobs)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    if args.params != "report":
+        cmd += ["--params", args.params]
+    for p in args.parameter:
+        cmd += ["-p", p]
+    cmd += ["--no-png"] * bool(args.no_png) + ["--solutions"] * bool(args.solutions)
+    for name in left:
+        cmd += ["--only", name]
+    return shlex.join(cmd)
+
+
+def interrupted_line(args: argparse.Namespace, exc: BaseException) -> str:
+    """The one line an interrupted `lab report` prints: what was written, and how to render the rest."""
+    left = getattr(exc, "left", None)
+    if not left:
+        return "lab report: interrupted"
+    done = getattr(exc, "done", [])
+    return (f"lab report: interrupted; {len(done)} of {len(done) + len(left)} notebooks rendered into "
+            f"{args.out or 'reports'}; render the rest with: {resume_command(args, left)}")
 
 
 def register(subparsers) -> None:

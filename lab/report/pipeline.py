@@ -14,8 +14,17 @@ Per notebook ``NAME.ipynb`` the output folder gets (each written atomically, tem
 
 No page names a folder of the machine it was built on (:mod:`lab.report._paths`).
 
+Each notebook is executed by :func:`papermill.execute_notebook` in a process of its own
+(:mod:`lab.report._execute`, started by :func:`execute`): its kernel inherits that process's
+environment (the notebook's figures folder, profile and thread count), its progress comes back
+through nbclient's cell hooks, and its kernel's own output goes to a log file, not the terminal.
+The HTML is nbconvert's :class:`~nbconvert.HTMLExporter` with this package's template. No papermill,
+nbclient or jupyter_client internals are touched (tests/test_report_public_api.py checks).
+
 A failing notebook is still written and exported (papermill marks the failing cell), the others
-still run, and :func:`render` reports it; `lab report` then exits non-zero.
+still run, and :func:`render` reports it; `lab report` then exits non-zero. Ctrl-C stops every
+notebook's process (each shuts its kernel down) and raises :class:`Interrupted`, which names the
+notebooks not rendered yet; `lab report` prints the command that renders them.
 
 Nothing waits forever: the kernel gets :data:`KERNEL_START_TIMEOUT_S` to start and each cell
 :data:`DEFAULT_CELL_TIMEOUT_S` (``--timeout`` changes it); a PNG export gets
@@ -53,12 +62,20 @@ KERNEL_START_TIMEOUT_S = 120
 DEFAULT_CELL_TIMEOUT_S = 7200.0  # generous (the report-sized sweeps take minutes), but finite
 SLOW_CELL_S = 10.0  # a cell running longer than this gets a progress line now and then
 HEARTBEAT_S = 30.0
-ENGINE = "continual-lab"
 ASSETS = "assets"
 SOLUTIONS = "solutions"   # the folder `lab report --solutions` writes the solution pages to
 _EXTERNAL_RE = re.compile(
     r"<(script|link|img|iframe|source|embed|video|audio)\b[^>]*?\b(?:src|href)\s*=\s*[\"']?((?:https?:)?//[^\"'\s>]+)",
     re.IGNORECASE)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`render`: the notebooks that were finished (``done``, their pages written)
+    and those that were not (``left``), in ``out_dir``."""
+
+    def __init__(self, done: list[str], left: list[str], out_dir: Path):
+        super().__init__(f"{len(done)} of {len(done) + len(left)} notebooks rendered")
+        self.done, self.left, self.out_dir = done, left, out_dir
 
 
 @dataclass
@@ -104,8 +121,9 @@ class Progress:
     """Lines that say where a running notebook is: each markdown heading reached, and every
     :data:`HEARTBEAT_S` a line for a cell running longer than :data:`SLOW_CELL_S`.
 
-    Fed by the papermill engine below (``cell_start``/``cell_complete``); the heartbeat runs in
-    a daemon thread that :meth:`close` stops (joined with a timeout).
+    Fed by nbclient's cell hooks in the notebook's process (:func:`lab.report._execute.hooks`:
+    ``cell_start``/``cell_complete``); the heartbeat runs in a daemon thread that :meth:`close`
+    stops (joined with a timeout).
     """
 
     def __init__(self, name: str, log: Callable[[str], None], *, slow: float = SLOW_CELL_S,
@@ -164,99 +182,90 @@ class Progress:
 _TAG = re.compile(r"<[^>]+>")
 
 
-def kernel_manager_class(env: dict[str, str] | None = None):
-    """The kernel manager for one notebook: its kernel starts with this process's environment plus
-    ``env`` (each notebook's own figures folder, profile and thread count; nothing is set in this
-    process's ``os.environ``, so notebooks rendered side by side do not see each other's).
-
-    jupyter_client's AsyncKernelManager with CurveZMQ transport encryption where the kernel
-    declares it (``supported_encryption: ["curve"]`` in its kernelspec, as ipykernel >= 7 writes;
-    jupyter_client >= 8.10 provisions the keys): the kernel's sockets on 127.0.0.1 are encrypted,
-    and it no longer prints "Kernel is running over TCP without encryption" into every `lab
-    report`. Where that is unavailable (older jupyter_client, pyzmq without CurveZMQ, a kernelspec
-    without it), the plain manager (and that one warning line from the kernel)."""
-    from jupyter_client import AsyncKernelManager
-
-    base = AsyncKernelManager
-    if "transport_encryption" in AsyncKernelManager.class_trait_names():
-        import zmq
-
-        if zmq.has("curve"):
-            from traitlets import default
-
-            class EncryptedKernelManager(AsyncKernelManager):
-                @default("transport_encryption")
-                def _transport_encryption_default(self):
-                    return "auto"     # curve where the kernelspec declares it, else as before
-
-            base = EncryptedKernelManager
-    class QuietShutdownKernelManager(base):
-        # jupyter_client's shutdown interrupts the kernel (SIGINT) before asking it to stop; a
-        # notebook that finished is idle, so the interrupt only races with the kernel's own message
-        # handling and logs "[IPKernelApp] ERROR | KeyboardInterrupt caught in kernel." into a
-        # successful `lab report`. Shutting down, the kernel is asked to stop (and killed after
-        # jupyter_client's wait if it does not); a cell that times out is still interrupted.
-        async def _async_interrupt_kernel(self):
-            if self.shutting_down:
-                return None
-            return await super()._async_interrupt_kernel()
-
-    if not env:
-        return QuietShutdownKernelManager
-    extra = dict(env)
-
-    class NotebookKernelManager(QuietShutdownKernelManager):
-        async def _async_pre_start_kernel(self, **kw):
-            kw["env"] = {**kw.get("env", os.environ), **extra}
-            return await super()._async_pre_start_kernel(**kw)
-
-    return NotebookKernelManager
+WORKER_STOP_S = 20.0   # after SIGTERM, how long a notebook's process gets to shut its kernel down
+_WORKERS: set = set()            # the notebook processes running now (subprocess.Popen)
+_WORKERS_LOCK = None
+_STOPPING = None                 # set once the run is interrupted: no notebook is exported after it
 
 
-def _no_save_per_cell(nb_man) -> None:
-    """papermill writes the whole executed notebook (5-8 MB when plotly.js was inlined) before and after
-    every cell, ~80 writes a notebook; here it writes at the end, on a failure, and every 30 s during
-    a long cell (its autosave), which is all the report reads."""
-    real_save = nb_man.save
+def _state():
+    global _WORKERS_LOCK, _STOPPING
+    import threading
 
-    def quiet(step):
-        def call(*args, **kw):
-            nb_man.save = lambda **_: None
+    if _WORKERS_LOCK is None:
+        _WORKERS_LOCK, _STOPPING = threading.Lock(), threading.Event()
+    return _WORKERS_LOCK, _STOPPING
+
+
+def execute(spec: dict, env: dict[str, str], log: Callable[[str], None] | None = None) -> dict:
+    """Execute one notebook with papermill in its own process (:mod:`lab.report._execute`), its
+    kernel with this process's environment plus ``env``; ``log`` gets its progress lines as they
+    come. Returns the outcome: ``{"ok": True}``, else ``error`` (and ``exec_count``, ``source`` of
+    the failing cell). Interrupted (Ctrl-C, SIGTERM here), the process is asked to stop (its
+    kernel shut down) before the exception goes on."""
+    import json
+    import subprocess
+    import sys
+
+    lock, stopping = _state()
+    outcome: dict = {"ok": False, "error": "RuntimeError: the notebook's process ended without a result"}
+    with lock:
+        if stopping.is_set():
+            raise KeyboardInterrupt
+        proc = subprocess.Popen([sys.executable, "-m", "lab.report._execute"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, **env},
+                                text=True, start_new_session=True)   # Ctrl-C is ours to pass on
+        _WORKERS.add(proc)
+    try:
+        proc.stdin.write(json.dumps({**spec, "parent": os.getpid()}))
+        proc.stdin.close()
+        for raw in proc.stdout:
             try:
-                return step(*args, **kw)
-            finally:
-                nb_man.save = real_save
-        return call
+                msg = json.loads(raw)
+            except ValueError:
+                continue
+            if "line" in msg and log is not None:
+                log(msg["line"])
+            elif "result" in msg:
+                outcome = msg["result"]
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            stop_worker(proc)
+        with lock:
+            _WORKERS.discard(proc)
+    if stopping.is_set() or outcome.get("interrupted"):
+        raise KeyboardInterrupt
+    return outcome
 
-    nb_man.cell_start, nb_man.cell_complete = quiet(nb_man.cell_start), quiet(nb_man.cell_complete)
+
+def stop_worker(proc) -> None:
+    """SIGTERM a notebook's process, give it :data:`WORKER_STOP_S` to shut its kernel down, then kill it."""
+    import subprocess
+
+    try:
+        proc.terminate()
+        proc.wait(timeout=WORKER_STOP_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    except OSError:
+        pass
 
 
-def _register_engine() -> None:
-    """papermill's nbclient engine, reporting each cell to a :class:`Progress` (``progress=``)."""
-    from papermill.engines import NBClientEngine, papermill_engines
-
-    class _Engine(NBClientEngine):
-        @classmethod
-        def execute_managed_notebook(cls, nb_man, kernel_name, progress: Progress | None = None,
-                                     kernel_env: dict | None = None, **kwargs):
-            _no_save_per_cell(nb_man)
-            if progress is not None:
-                progress.n_cells = len(nb_man.nb.cells)
-                start, complete = nb_man.cell_start, nb_man.cell_complete
-
-                def cell_start(cell, cell_index=None, **kw):
-                    progress.cell_start(cell, cell_index)
-                    return start(cell, cell_index, **kw)
-
-                def cell_complete(cell, cell_index=None, **kw):
-                    progress.cell_complete(cell_index)
-                    return complete(cell, cell_index, **kw)
-
-                nb_man.cell_start, nb_man.cell_complete = cell_start, cell_complete
-            kwargs.setdefault("kernel_manager_class", kernel_manager_class(kernel_env))
-            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
-
-    papermill_engines.register(ENGINE, _Engine)
+def stop_all() -> None:
+    """Stop every notebook still running in this process (an interrupted render), each kernel shut down."""
+    lock, stopping = _state()
+    with lock:
+        stopping.set()
+        live = list(_WORKERS)
+    for proc in live:
+        try:
+            proc.terminate()
+        except OSError:
+            pass
+    for proc in live:
+        stop_worker(proc)
 
 
 def _meta(out) -> dict:
@@ -409,8 +418,6 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
     page beside the index never hold them).
     """
     import nbformat
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
 
     from lab._io import atomic_write
     from lab.report.index import read_metrics
@@ -423,36 +430,30 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
         result.params = _params.resolve(src, profile, overrides)
     except Exception as exc:  # noqa: BLE001 - bad JSON or parameters: a failed card, not a crash
         result.ok, result.error = False, f"{type(exc).__name__}: {exc}"
-    progress = Progress(name, log) if log else None
     # Our PID is in both names: a later run removes what a killed one left (clean_stale).
     staging = Path(tempfile.mkdtemp(prefix=f".{name}{FIGURES_SUFFIX}.{os.getpid()}-", dir=out_dir))
     fd, running = tempfile.mkstemp(prefix=f".{name}.running-{os.getpid()}-", suffix=".ipynb", dir=out_dir)
     os.close(fd)
     running = Path(running)
+    kernel_log = running.with_suffix(".log")
     try:
         env = {_nbh.FIGURES_ENV: str(staging), _nbh.PNG_ENV: "1" if png else "0",
                _nbh.PROFILE_ENV: profile, "TQDM_DISABLE": os.environ.get("TQDM_DISABLE", "1"),
                _nbh.PLOTLYJS_ENV: write_plotlyjs(out_dir), _nbh.SOLUTIONS_ENV: "1" if solutions else "0"}
         if threads and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = str(threads)
-        try:
-            if result.ok:
-                _register_engine()
-                papermill.execute_notebook(
-                    str(src), str(running), parameters=result.params, language="python",
-                    kernel_name=kernel or kernel_name(), cwd=str(src.parent),
-                    progress_bar=False, log_output=False, start_timeout=KERNEL_START_TIMEOUT_S,
-                    execution_timeout=timeout or DEFAULT_CELL_TIMEOUT_S, engine_name=ENGINE,
-                    progress=progress, kernel_env=env)
-        except PapermillExecutionError as exc:
-            result.ok, result.failed_cell = False, exc.exec_count
-            result.failed_source, result.error = exc.source, f"{exc.ename}: {exc.evalue}"
-        except Exception as exc:  # noqa: BLE001 - dead kernel, timeout, bad notebook: report, go on
-            result.ok, result.error = False, f"{type(exc).__name__}: {exc}"
+        if result.ok:
+            spec = {"name": name, "input": str(src), "output": str(running), "parameters": result.params,
+                    "kernel": kernel or kernel_name(), "cwd": str(src.parent), "log": str(kernel_log),
+                    "start_timeout": KERNEL_START_TIMEOUT_S, "timeout": timeout or DEFAULT_CELL_TIMEOUT_S,
+                    "progress": log is not None, "slow": SLOW_CELL_S, "every": HEARTBEAT_S}
+            outcome = execute(spec, env, log)
+            if not outcome.get("ok"):
+                result.ok, result.error = False, outcome.get("error")
+                result.failed_cell, result.failed_source = outcome.get("exec_count"), outcome.get("source")
         executed = time.perf_counter() - start
-        if progress:
-            progress.close()
-            progress._line("exporting HTML")
+        if log:
+            log(f"      {executed:7.1f} s  exporting HTML")
         nb = _load_for_report(running, src, result.error)
         if not result.ok and result.failed_source is None:
             cell, source, err = _failure(nb)
@@ -485,9 +486,8 @@ def render_one(src: Path, out_dir: Path, *, profile: str = "report", overrides: 
         atomic_write(out_dir / f"{name}.ipynb", lambda p: readable(p).write_text(student, encoding="utf-8"))
         return result
     finally:
-        if progress:
-            progress.close()
         running.unlink(missing_ok=True)
+        kernel_log.unlink(missing_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
 
 
@@ -608,7 +608,6 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
         deps[src] = after(src)
     jobs = max(1, min(jobs or default_jobs(), len(sources)))
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
-    logging.getLogger("papermill").setLevel(logging.WARNING)
     notes = []
     if png and _nbh.find_browser() is None:
         notes.append(_nbh.no_browser_note())
@@ -643,11 +642,15 @@ def render(notebooks_dir: str | Path | None = None, out_dir: str | Path | None =
         if solutions:
             write_solutions_index(out_dir, notebooks_dir)
 
+    _state()[1].clear()
     try:
         _schedule(sources, jobs, start, finish, deps)
-    except BaseException:
-        if jobs > 1:
-            _remove_own_staging(out_dir)
+    except BaseException as exc:
+        stop_all()                      # every kernel shut down before the process goes on
+        _remove_own_staging(out_dir)
+        if isinstance(exc, KeyboardInterrupt):
+            done = [s.stem for s in sources if s in results]
+            raise Interrupted(done, [s.stem for s in sources if s not in results], out_dir) from None
         raise
     ordered = [results[s] for s in sources]
     if solutions:
