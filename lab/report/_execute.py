@@ -3,12 +3,13 @@
 :func:`lab.report.pipeline.render_one` starts this process with the notebook's environment (its
 figures folder, profile, thread count: the kernel inherits it, so notebooks rendered side by side
 never see each other's, and the caller's ``os.environ`` is left alone) and a JSON spec on stdin.
-Everything here is papermill's and nbclient's public API: :func:`papermill.execute_notebook` with
-its documented arguments, and nbclient's ``on_notebook_start`` / ``on_cell_start`` /
-``on_cell_complete`` hooks (``NotebookClient`` traits, which papermill's engine passes through) feeding :class:`lab.report.pipeline.Progress`; the kernel manager is
-jupyter_client's ``AsyncKernelManager``, made here and handed to papermill (``km``) so that its
-kernel is shut down however execution ends, with CurveZMQ transport encryption through its
-``transport_encryption`` config trait where jupyter_client and pyzmq offer it.
+Everything here is public API: :func:`papermill.execute_notebook` with its documented arguments;
+nbclient's ``on_notebook_start`` / ``on_cell_start`` / ``on_cell_complete`` hooks
+(``NotebookClient`` traits, which papermill's engine passes through) feeding
+:class:`lab.report.pipeline.Progress`; jupyter_client's ``AsyncKernelManager``, made here and
+handed to papermill (``km``) so that its kernel is shut down however execution ends, with CurveZMQ
+transport encryption through its ``transport_encryption`` config trait where jupyter_client and
+pyzmq offer it.
 
 What comes back, on the original stdout, one JSON object a line: ``{"line": ...}`` for a progress
 line, then ``{"result": {...}}`` (``ok``; else ``error`` and, for a failing cell, ``exec_count``
@@ -16,9 +17,9 @@ and ``source``). This process's own stdout and stderr, and so the kernel's (its 
 "KeyboardInterrupt caught in kernel" when shut down), go to the log file the spec names, never to
 the terminal.
 
-SIGTERM (what the caller sends on Ctrl-C, or when it is killed itself) unwinds papermill: nbclient
-shuts the kernel down, the partly executed notebook stays as papermill last saved it. The process
-also ends that way when its caller goes away.
+SIGTERM (what the caller sends on Ctrl-C, or when it is killed itself) unwinds papermill; the
+kernel is killed and its connection file removed (:func:`shutdown`). The process also ends that
+way when its caller goes away.
 """
 from __future__ import annotations
 
