@@ -116,13 +116,15 @@ FIX = "remove it and the variant runs again"
 
 
 def _read_stored(f: Path, j: Job, verify) -> Any:
-    """A stored result, readable and accepted by ``verify`` (else ValueError naming ``f``)."""
+    """A stored result, readable (else :class:`lab._io.CorruptFile`) and accepted by ``verify`` (else
+    ValueError), each one line naming ``f``."""
     from lab._io import CorruptFile, read_json
 
     try:
         result = read_json(f)
     except (CorruptFile, UnicodeDecodeError) as exc:
-        raise ValueError(f"{f}: not a readable result ({' '.join(str(exc).split())[:200]}); {FIX}") from None
+        why = " ".join(str(exc).removeprefix(f"{f}: ").split())[:200]
+        raise CorruptFile(f"{f}: not a readable result ({why}); {FIX}") from None
     why = verify(result, j.config) if verify is not None else None
     if why:
         raise ValueError(f"{f}: {why}; {FIX}")
@@ -179,33 +181,60 @@ def _call(fn, config, *shared):
     return _roundtrip(fn(config, *shared))
 
 
+def _start_ray(ray, address, workers) -> None:
+    """``ray.init`` (a local instance, or the cluster at ``address``) that leaves this process's SIGTERM
+    handler as it was: Ray's own ends the driver with ``sys.exit``, so a long command stopped by
+    ``kill`` would leave without the line that resumes it (Ctrl-C and SIGTERM must end it alike). A
+    Ray that does not start is one line (RuntimeError), not Ray's traceback."""
+    import signal
+    import threading
+
+    kw = {"address": address} if address else {"num_cpus": workers or os.cpu_count() or 1, "include_dashboard": False}
+    main = threading.current_thread() is threading.main_thread()
+    term = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        ray.init(**kw, log_to_driver=False, configure_logging=False)
+    except (ConnectionError, ValueError):
+        raise
+    except Exception as exc:      # e.g. "The current node timed out during startup" on a busy machine
+        where = f"the Ray cluster at {address}" if address else "a local Ray"
+        raise RuntimeError(f"{where} did not start: {' '.join(str(exc).split())[:300]}") from None
+    finally:
+        if main and term is not None:
+            signal.signal(signal.SIGTERM, term)
+
+
 def _run_ray(todo, shared, results_dir, out, address, workers, log, verify=None):
     import ray
 
     started = not ray.is_initialized()
-    if started:
-        kw = {"address": address} if address else {"num_cpus": workers or os.cpu_count() or 1,
-                                                   "include_dashboard": False}
-        ray.init(**kw, log_to_driver=False, configure_logging=False)
     try:
+        if started:      # inside the try: a Ctrl-C while Ray starts still shuts down what it started
+            _start_ray(ray, address, workers)
         shared_refs = [ray.put(s) for s in shared]          # once, not once per variant
         task = ray.remote(_call)
         pending = {task.options(num_cpus=j.num_cpus, num_gpus=j.num_gpus, name=j.key, max_retries=0)
                    .remote(j.fn, j.config, *shared_refs): j for j in todo}
         t0, done = time.perf_counter(), 0
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            j = pending.pop(ready[0])
-            try:
-                text = ray.get(ready[0])
-            except Exception as exc:
-                for ref in pending:
-                    ray.cancel(ref)
-                raise RuntimeError(f"variant {j.key} failed on Ray: {exc}") from exc
-            out[j.key] = _store(results_dir, j.key, _checked(j, text, verify))
-            done += 1
-            if log:
-                log(f"  [{done}/{len(todo)}] {j.key}: done at {time.perf_counter() - t0:.1f} s")
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                j = pending.pop(ready[0])
+                try:
+                    text = ray.get(ready[0])
+                except Exception as exc:
+                    raise RuntimeError(f"variant {j.key} failed on Ray: {exc}") from exc
+                out[j.key] = _store(results_dir, j.key, _checked(j, text, verify))
+                done += 1
+                if log:
+                    log(f"  [{done}/{len(todo)}] {j.key}: done at {time.perf_counter() - t0:.1f} s")
+        except BaseException:     # a failure, Ctrl-C or SIGTERM: the rest stops (on a joined cluster too)
+            for ref in pending:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:     # noqa: BLE001 - already finished or gone
+                    pass
+            raise
     finally:
         if started:
             ray.shutdown()

@@ -19,6 +19,7 @@ training, so a router sweep is free). Written into the sweep's folder:
 """
 from __future__ import annotations
 
+import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -134,8 +135,9 @@ def run_sweep(base: RunConfig, seeds, l1s, folder: Path, *, executor: str = "loc
                                 results_dir=folder / "variants", log=log, check=check_rows)
     finally:
         study._DATA.clear()
-        if scratch.is_dir() and not any(scratch.iterdir()):
-            scratch.rmdir()
+        # what a variant stopped mid-run (Ctrl-C, SIGTERM, a Ray worker shut down) left of its run folder:
+        # never resumed from (a variant is redone whole), so it goes with the sweep's scratch
+        shutil.rmtree(scratch, ignore_errors=True)
     runs = pd.DataFrame([row for rows in results for row in rows])
     summary = summarise(runs)
     write_table(folder / "runs", runs)
