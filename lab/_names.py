@@ -12,21 +12,25 @@ from __future__ import annotations
 
 from lab.plugins import Names
 
-# lab.experiments.tosca.methods.list_methods(), with each entry's registry info
-# (routed, needs_backbone, trains): what `lab tosca` checks before anything is imported
+# lab.experiments.tosca.methods.list_methods(), with each entry's registry info (the capabilities
+# lab.experiments.tosca._base.register declares): what `lab tosca` and the study tables read
+# without importing torch
+_BASELINE = {"role": "baseline", "routed": False, "needs_backbone": False, "trains": True, "luca": False,
+             "cosine_head": False, "augments": False, "headline": None}     # register()'s defaults
 _TOSCA_INFO = {
-    "tosca": {"routed": True, "needs_backbone": False, "trains": True},
-    "simplecil": {"routed": False, "needs_backbone": False, "trains": False},
-    "ncm": {"routed": False, "needs_backbone": False, "trains": False},
-    "fecam": {"routed": False, "needs_backbone": False, "trains": False},
-    "ranpac": {"routed": False, "needs_backbone": False, "trains": False},
-    "finetune": {"routed": False, "needs_backbone": False, "trains": True},
-    "joint": {"routed": False, "needs_backbone": False, "trains": True},
-    "layerwise_adapter": {"routed": False, "needs_backbone": True, "trains": True},
+    "tosca": {**_BASELINE, "role": "method", "routed": True, "luca": True, "cosine_head": True, "augments": True},
+    "simplecil": {**_BASELINE, "trains": False, "headline": 1},
+    "ncm": {**_BASELINE, "trains": False},
+    "fecam": {**_BASELINE, "trains": False, "headline": 3},
+    "ranpac": {**_BASELINE, "trains": False, "headline": 2},
+    "finetune": dict(_BASELINE),
+    "joint": dict(_BASELINE),
+    "layerwise_adapter": {**_BASELINE, "needs_backbone": True, "cosine_head": True, "augments": True},
 }
 TOSCA_METHODS = Names("tosca method", _TOSCA_INFO, _TOSCA_INFO)
 TOSCA_MODES = ("cached", "augment")                               # lab.experiments.tosca._base.MODES
 TOSCA_FLOWS = ("tosca", "adapter", "calibrator", "tosca_r")       # lab.tosca.luca.FLOWS
+REFERENCE_FLOW = TOSCA_FLOWS[0]                                   # lab.tosca.luca.REFERENCE_FLOW
 # lab.tosca.routing.list_routings()
 ROUTINGS = Names("router", ("per-sample", "per-batch", "oracle", "max-softmax", "energy", "ncm", "mahalanobis",
                            "entropy-ncm", "ridge"))

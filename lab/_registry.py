@@ -30,8 +30,14 @@ def _same_file(a: object, b: object) -> bool:
 
 
 class Registry:
-    def __init__(self, kind: str):
-        self.kind = kind
+    """Named entries of one kind. ``kind``: what an entry is called in messages ("unknown routing 'x';
+    valid routings: ..."); ``group``: the entry-point group installed packages add entries through
+    (None: no plugins); ``contract``: ``contract(name, obj, info)`` raising ValueError naming what an
+    entry lacks, checked on every entry a plugin adds (:mod:`lab.plugins` keeps the checks)."""
+
+    def __init__(self, kind: str, *, group: str | None = None,
+                 contract: Callable[[str, Any, dict], None] | None = None):
+        self.kind, self.group, self.contract = kind, group, contract
         self._entries: dict[str, Callable[..., Any]] = {}
         self._info: dict[str, dict[str, Any]] = {}
         self._source: dict[str, str] = {}
@@ -88,8 +94,9 @@ class Registry:
         return list(self._entries)
 
     def builtin_names(self) -> list[str]:
-        """The lab's own entries (no plugin's, no notebook cell's), in registration order."""
-        return [n for n in self.names() if self._source.get(n) == "built-in"]
+        """The lab's own entries (no plugin's, no notebook cell's), in registration order; loads no
+        plugin (none can add a built-in), so a module may read them when it is imported."""
+        return [n for n in self._entries if self._source.get(n) == "built-in"]
 
     def info(self, name: str) -> dict[str, Any]:
         return self._info[self.check(name)]

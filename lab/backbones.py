@@ -45,9 +45,10 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab import plugins
 from lab._registry import Registry
 
-_REGISTRY = Registry("backbone")
+_REGISTRY = Registry("backbone", group="continual_lab.backbones", contract=plugins.check_backbone)
 DEFAULT_BACKBONE = "efficientnet_lite0"
 # Chosen by measurement on the offline default (see data_cards/fashion_mnist_mini.md): 28x28
 # images upsampled to 160 px give the same prototype accuracy as 224 px at about twice the

@@ -1,6 +1,8 @@
 """Plugins: registry entries from installed packages, found through entry points (docs/plugins.md).
 
-Every plugin kind is one registry (:class:`lab._registry.Registry`) and one entry-point group:
+Every plugin kind is one registry (:class:`lab._registry.Registry`), which carries its entry-point
+group (``Registry.group``) and the contract its entries are checked against (``Registry.contract``,
+one of the ``check_*`` functions below):
 
 ==============  ============================  ==========================================
 kind            entry-point group             registry (contract: docs/plugins.md)
@@ -31,14 +33,16 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 
 class Kind(NamedTuple):
-    group: str                   # the entry-point group
+    """Where a kind's registry lives, for lookups that must not import it (torch): ``Names`` and the
+    command line's list of groups. ``group`` is a static copy of the registry's own ``group``
+    (tests/test_plugins.py holds the two equal)."""
+    group: str                   # the entry-point group (a copy of the registry's)
     registry: str                # "module:ATTRIBUTE" of the registry
     builtins: str                # the module whose import registers the built-in entries
-    contract: Callable[[str, Any, dict], None]   # raises ValueError naming what an entry lacks
 
 
 # --- the contracts (what the lab calls; checked without running anything) ---------------------------
@@ -109,7 +113,12 @@ def check_dataset(name: str, obj: Any, info: dict) -> None:
 
 def check_tosca_method(name: str, obj: Any, info: dict) -> None:
     _subclass(obj, "lab.experiments.tosca._base", "cls(dim, cfg, *, backbone=None, mode='cached')")
-    _flags(info, "routed", "needs_backbone", "trains")
+    _flags(info, "routed", "needs_backbone", "trains", "luca", "cosine_head", "augments")
+    _fields(info, "role", "headline")
+    if info["role"] not in ("method", "baseline"):
+        raise ValueError(f"registry info role {info['role']!r} must be method or baseline")
+    if info["headline"] is not None and not (isinstance(info["headline"], int) and info["headline"] > 0):
+        raise ValueError("registry info 'headline' must be None or a positive integer")
     missing = [m for m in ("learn_task", "logits") if not callable(getattr(obj, m, None))]
     if missing:
         raise ValueError(f"lacks the method(s) {', '.join(missing)}")
@@ -136,14 +145,13 @@ def check_aware_method(name: str, obj: Any, info: dict) -> None:
 
 
 KINDS: dict[str, Kind] = {
-    "backbone": Kind("continual_lab.backbones", "lab.backbones:_REGISTRY", "lab.backbones", check_backbone),
-    "dataset": Kind("continual_lab.datasets", "lab.data.datasets:_REGISTRY", "lab.data.datasets", check_dataset),
+    "backbone": Kind("continual_lab.backbones", "lab.backbones:_REGISTRY", "lab.backbones"),
+    "dataset": Kind("continual_lab.datasets", "lab.data.datasets:_REGISTRY", "lab.data.datasets"),
     "tosca method": Kind("continual_lab.tosca_methods", "lab.experiments.tosca._base:METHODS",
-                         "lab.experiments.tosca.methods", check_tosca_method),
-    "router": Kind("continual_lab.routers", "lab.tosca.routing:ROUTERS", "lab.tosca.routing", check_router),
-    "aware rule": Kind("continual_lab.aware_rules", "lab.aware.masking:RULES", "lab.aware.masking", check_aware_rule),
-    "aware method": Kind("continual_lab.aware_methods", "lab.aware.methods:METHODS", "lab.aware.methods",
-                         check_aware_method),
+                         "lab.experiments.tosca.methods"),
+    "router": Kind("continual_lab.routers", "lab.tosca.routing:ROUTERS", "lab.tosca.routing"),
+    "aware rule": Kind("continual_lab.aware_rules", "lab.aware.masking:RULES", "lab.aware.masking"),
+    "aware method": Kind("continual_lab.aware_methods", "lab.aware.methods:METHODS", "lab.aware.methods"),
 }
 GROUPS = {kind: k.group for kind, k in KINDS.items()}
 
@@ -159,12 +167,9 @@ def registry(kind: str):
 
 
 def kind_of(reg) -> str | None:
-    """The kind whose registry is ``reg`` (None: a registry of no plugin kind, e.g. a test's)."""
-    for kind, k in KINDS.items():
-        module, attr = k.registry.split(":")
-        if getattr(sys.modules.get(module), attr, None) is reg:
-            return kind
-    return None
+    """The kind of ``reg``, by its entry-point group (None: a registry no plugin adds to, e.g. a test's)."""
+    group = getattr(reg, "group", None)
+    return next((kind for kind, k in KINDS.items() if group is not None and k.group == group), None)
 
 
 def entries() -> list[tuple[str, str, str]]:
@@ -360,9 +365,9 @@ def _load_one(reg, kind: str, ep) -> None:
                 reg._source[name] = dist
         for r, name in added:
             k = kind_of(r)
-            if k is not None and name in r._entries:
+            if k is not None and name in r._entries and r.contract is not None:
                 try:
-                    KINDS[k].contract(name, r._entries[name], r._info[name])
+                    r.contract(name, r._entries[name], r._info[name])
                 except ValueError as exc:
                     raise ValueError(f"{k} {name!r} breaks the contract: {exc}") from None
                 _guard(dist, name, r._info[name])
@@ -437,6 +442,12 @@ class Names(tuple):
         reg = self._registry()
         return list(tuple.__iter__(self)) + ([n for n in reg.names() if not tuple.__contains__(self, n)]
                                              if reg is not None else [])
+
+    def builtin(self, **flags) -> tuple[str, ...]:
+        """The built-in names whose copied info has every value of ``flags`` (nothing is imported),
+        e.g. ``TOSCA_METHODS.builtin(role="baseline", trains=False)``."""
+        return tuple(n for n in tuple.__iter__(self)
+                     if all(self._static_info.get(n, {}).get(k) == v for k, v in flags.items()))
 
     def info(self, name: str) -> dict:
         if name in self._static_info:

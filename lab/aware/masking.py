@@ -26,10 +26,11 @@ from typing import Callable, Mapping
 import torch
 from torch import Tensor, nn
 
+from lab import plugins
 from lab._registry import Registry
 from lab.aware.targets import is_projector
 
-RULES = Registry("selection rule")
+RULES = Registry("selection rule", group="continual_lab.aware_rules", contract=plugins.check_aware_rule)
 Rule = Callable[..., "dict[str, Tensor]"]
 
 

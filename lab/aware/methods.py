@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lab import plugins
 from lab._registry import Registry
 from lab.aware.config import AwareConfig
 from lab.aware.freeze import apply, merge, trainable_parameters
@@ -37,7 +38,7 @@ from lab.aware.masking import needs_saliency, select
 from lab.aware.saliency import Saliency
 from lab.aware.targets import VISION_EXCLUDE, find_targets, is_projector
 
-METHODS = Registry("method")
+METHODS = Registry("method", group="continual_lab.aware_methods", contract=plugins.check_aware_method)
 
 
 def register_method(name: str):
@@ -230,6 +231,24 @@ def uses_saliency(spec: MethodSpec) -> bool:
 def reference_method() -> str:
     """The registered method E is relative to (role ``"reference"``: full fine-tuning)."""
     return next(n for n in method_names() if get_method(n).role == "reference")
+
+
+def main_method() -> str:
+    """The method the study is about and every ablation varies (role ``"method"``: AWARe), the first
+    registered with that role."""
+    return next(n for n in method_names() if get_method(n).role == "method")
+
+
+def compared_methods() -> tuple[str, ...]:
+    """The methods a study's findings name: the main method first, then every other that trains
+    (role not ``"none"``), in registration order."""
+    main = main_method()
+    return (main, *(n for n in method_names() if n != main and get_method(n).role != "none"))
+
+
+def method_variant(name: str) -> str:
+    """The study's variant id of a method's own row in the ``methods`` group (``methods/<name>``)."""
+    return f"methods/{name}"
 
 
 def tunable_methods() -> tuple[str, ...]:

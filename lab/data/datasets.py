@@ -16,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from lab import plugins
 from lab._registry import Registry
 
-_REGISTRY = Registry("dataset")
+_REGISTRY = Registry("dataset", group="continual_lab.datasets", contract=plugins.check_dataset)
 DEFAULT_DATASET = "fashion_mnist_mini"
 ASSETS = Path(__file__).parent / "assets"
 CARDS = "data_cards/<name>.md"

@@ -22,10 +22,12 @@ import math
 import torch
 from torch import nn
 
-FLOWS = ("tosca", "adapter", "calibrator", "tosca_r")
+# the flows (a flow named like the method it comes from is still a flow: code compares with these constants)
+REFERENCE_FLOW, ADAPTER, CALIBRATOR, TOSCA_R = "tosca", "adapter", "calibrator", "tosca_r"
+FLOWS = (REFERENCE_FLOW, ADAPTER, CALIBRATOR, TOSCA_R)
 INITS = ("xavier", "default")
-_HAS_ADAPTER = {"tosca": True, "adapter": True, "calibrator": False, "tosca_r": True}
-_HAS_CALIBRATOR = {"tosca": True, "adapter": False, "calibrator": True, "tosca_r": True}
+_HAS_ADAPTER = {REFERENCE_FLOW: True, ADAPTER: True, CALIBRATOR: False, TOSCA_R: True}
+_HAS_CALIBRATOR = {REFERENCE_FLOW: True, ADAPTER: False, CALIBRATOR: True, TOSCA_R: True}
 
 
 def check_flow(flow: str) -> str:
@@ -41,7 +43,7 @@ def bottleneck(dim: int, ratio: int = 16) -> int:
     return max(1, dim // ratio)
 
 
-def param_count(dim: int, r: int, flow: str = "tosca") -> int:
+def param_count(dim: int, r: int, flow: str = REFERENCE_FLOW) -> int:
     """Trainable parameters of one LuCA, from the formula (not from a module).
 
     adapter: 2·d·r weights + r + d biases + LayerNorm 2·d;  calibrator: 2·d·r weights.
@@ -59,7 +61,7 @@ def param_count(dim: int, r: int, flow: str = "tosca") -> int:
 class LuCA(nn.Module):
     """One task's module: ``forward(x [N, d]) -> [N, d]`` (see the module docstring for the flows)."""
 
-    def __init__(self, dim: int, *, ratio: int = 16, flow: str = "tosca"):
+    def __init__(self, dim: int, *, ratio: int = 16, flow: str = REFERENCE_FLOW):
         super().__init__()
         self.dim, self.flow, self.r = dim, check_flow(flow), bottleneck(dim, ratio)
         if _HAS_ADAPTER[flow]:
@@ -101,15 +103,15 @@ class LuCA(nn.Module):
 
     def gate_input(self, x: torch.Tensor) -> torch.Tensor:
         """What the gate is computed from: h = LN(x + a(x)) for 'tosca', x for the other flows."""
-        return self.norm(x + self.adapt(x)) if self.flow == "tosca" else x
+        return self.norm(x + self.adapt(x)) if self.flow == REFERENCE_FLOW else x
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.flow == "tosca":
+        if self.flow == REFERENCE_FLOW:
             h = self.norm(x + self.adapt(x))
             return h * self.gate(h)
-        if self.flow == "adapter":
+        if self.flow == ADAPTER:
             return self.norm(self.adapt(x))
-        if self.flow == "calibrator":
+        if self.flow == CALIBRATOR:
             return x * self.gate(x)
         return x * self.gate(x) + self.norm(self.adapt(x))  # tosca_r
 

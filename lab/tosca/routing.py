@@ -37,9 +37,10 @@ from dataclasses import dataclass
 
 import torch
 
+from lab import plugins
 from lab._registry import Registry
 
-ROUTERS = Registry("routing")
+ROUTERS = Registry("routing", group="continual_lab.routers", contract=plugins.check_router)
 PER_BATCH_ORDER = "class-ordered (stable sort by incremental label, as the reference's test loader)"
 
 

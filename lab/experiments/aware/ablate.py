@@ -24,8 +24,8 @@ import torch
 
 from lab.aware import metrics as M
 from lab.aware.masking import check_rho, needs_saliency, select
-from lab.aware.methods import (MethodSpec, get_method, lr_field, method_names, reference_method, table_columns,
-                               uses_saliency)
+from lab.aware.methods import (MethodSpec, get_method, lr_field, main_method, method_names, reference_method,
+                               table_columns, uses_saliency)
 from lab.aware.saliency import Saliency
 from lab.experiments.aware.context import MAIN, Context, Size, setup, upstream
 from lab.experiments.aware.finetune import TrainConfig, evaluate, fit
@@ -67,16 +67,17 @@ def variants(size: Size) -> list[Variant]:
     out = [Variant("methods", m, MethodSpec(m, MAIN)) for m in names     # E is relative to the reference
            if role(m) != "method" and (m in size.methods or role(m) == "reference")]
     out += [Variant("methods", m, MethodSpec(m, MAIN)) for m in names if role(m) == "method"]
+    main = main_method()   # AWARe: what every ablation group varies
     for rule in size.rules:
-        out.append(Variant("rule", rule, MethodSpec("aware", replace(MAIN, rule=rule))))
+        out.append(Variant("rule", rule, MethodSpec(main, replace(MAIN, rule=rule))))
     for rho in size.rhos:
         if rho != MAIN.rho:
-            out.append(Variant("rho", f"rho={check_rho(rho):g}", MethodSpec("aware", replace(MAIN, rho=rho))))
+            out.append(Variant("rho", f"rho={check_rho(rho):g}", MethodSpec(main, replace(MAIN, rho=rho))))
     for tg in ("qkv", "qkv+projector+mlp"):
-        out.append(Variant("targets", tg, MethodSpec("aware", replace(MAIN, targets=tg))))
-    out.append(Variant("calibration", "proxy", MethodSpec("aware", MAIN), calib="proxy"))
+        out.append(Variant("targets", tg, MethodSpec(main, replace(MAIN, targets=tg))))
+    out.append(Variant("calibration", "proxy", MethodSpec(main, MAIN), calib="proxy"))
     for n in size.calib_sizes:
-        out.append(Variant("calib_size", f"n={n}", MethodSpec("aware", MAIN), calib_n=n))
+        out.append(Variant("calib_size", f"n={n}", MethodSpec(main, MAIN), calib_n=n))
     return out
 
 
@@ -148,7 +149,7 @@ def _tidy(rows: list[dict], n_calib: int) -> list[dict]:
     """Repeat the main AWARe row inside every ablation group it is the reference of."""
     out = list(rows)
     for r in rows:
-        if r["group"] == "methods" and r["variant"] == "aware":
+        if r["group"] == "methods" and r["variant"] == main_method():
             out += [{**r, "group": g, "variant": label.format(n_calib=n_calib), "shared": True}
                     for g, label in _MAIN_LABEL.items()]
     return out

@@ -112,7 +112,9 @@ def tradeoff(results, title: str = ""):
                                customdata=np.stack([rho.rho, rho.H], axis=-1),
                                hovertemplate="ρ=%{customdata[0]:g}<br>E %{x:.1f}%<br>R %{y:.1f}%<br>"
                                              "H %{customdata[1]:.1f}<extra></extra>"))
-    others = s[(s.group == "methods") & (s.variant != "aware")]
+    from lab.aware.methods import main_method
+
+    others = s[(s.group == "methods") & (s.variant != main_method())]
     palette = px.colors.qualitative.Set2
     for i, r in enumerate(others.itertuples()):
         fig.add_trace(go.Scatter(x=[r.E], y=[r.R], mode="markers", name=r.variant,
@@ -175,7 +177,9 @@ def findings(results) -> dict:
     def get(g, v, col):
         return float(s.loc[(g, v), col]) if (g, v) in s.index else float("nan")
 
-    out = {f"{m}_{c}": get("methods", m, c) for m in ("aware", "full", "lora", "dora") for c in ("R", "E", "H")}
+    from lab.aware.methods import compared_methods
+
+    out = {f"{m}_{c}": get("methods", m, c) for m in compared_methods() for c in ("R", "E", "H")}
     for rule in ("activation-global", "weight-norm", "random", "activation-balanced"):
         out[f"rule_{_RULE_SHORT.get(rule, rule)}_H"] = get("rule", rule, "H")
     rho = summary(results, "rho")
@@ -217,8 +221,10 @@ def noise_table(run: dict):
             se = math.sqrt(max(p * (1 - p), 1e-12) / n)
             rows.append({"set": f"upstream: {skill}", "questions": n, "acc_before": p, "std_error": se,
                          "one_question_pts": 100 / n, "R_points_per_SE": 100 * se / p if p > 0 else np.nan})
+    from lab.aware.methods import reference_method
+
     res = run["results"]
-    full = res[(res.group == "methods") & (res.variant == "full")]
+    full = res[(res.group == "methods") & (res.variant == reference_method())]
     if len(full):
         p, n = float(full.downstream.mean()), int(size["n_eval"])
         se = math.sqrt(max(p * (1 - p), 1e-12) / n)
@@ -253,19 +259,21 @@ def majority_rate(task: str, n_eval: int) -> float | None:
 
 def describe_ablation(run: dict) -> str:
     """Notebook 04's findings as Markdown bullets, computed from a run (sweep or saved)."""
+    from lab.aware.methods import compared_methods, reference_method
+
     res = run["results"]
     f = findings(res)
     seeds = res.seed.nunique()
     g = lambda k: f.get(k, float("nan"))  # noqa: E731
     lines = [f"- **Methods** ({seeds} seed{'s' if seeds > 1 else ''}, task `{run['config'].get('task', '?')}`): "
              + "; ".join(f"{m} R {g(m + '_R'):.1f} / E {g(m + '_E'):.1f} / H {g(m + '_H'):.1f}"
-                         for m in ("aware", "full", "lora", "dora") if not math.isnan(g(m + "_H"))) + "."]
+                         for m in compared_methods() if not math.isnan(g(m + "_H"))) + "."]
     if not math.isnan(g("full_R")):
         verdict = "forgets" if g("full_R") < 97 else "barely forgets"
         lines.append(f"- **Does full fine-tuning forget here?** R = {g('full_R'):.1f}: it {verdict} at this size "
                      "(every protection result is only as informative as this gap).")
     task = run["config"].get("task")
-    full = res[(res.group == "methods") & (res.variant == "full")]
+    full = res[(res.group == "methods") & (res.variant == reference_method())]
     if task and len(full):
         acc, n = float(full.downstream.mean()), int(run["config"].get("size", {}).get("n_eval", 0))
         base, what = chance_rate(task), f"chance {chance_rate(task):.3f} ({len(chance_options(task))} options)"

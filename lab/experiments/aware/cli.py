@@ -392,7 +392,7 @@ def cmd_finetune(args) -> int:
     elif args.replace:
         raise V.BadInput("--replace: applies to --save, which is not given")
     from lab.aware.config import AwareConfig
-    from lab.aware.methods import MethodSpec, uses_saliency
+    from lab.aware.methods import MethodSpec, reference_method, uses_saliency
     from lab.aware.saliency import profile
     from lab.experiments.aware.ablate import Variant, run_variant
     from lab.experiments.aware.checks import check_targets
@@ -417,7 +417,7 @@ def cmd_finetune(args) -> int:
     with dist.main_first() if dist else nullcontext():
         ctx = _ctx(args)
     before = upstream(ctx.base, ctx, exact=False)
-    v = Variant("cli", args.method, MethodSpec(args.method, aware if args.method != "full" else MAIN), calib=args.calib)
+    v = Variant("cli", args.method, MethodSpec(args.method, aware if args.method != reference_method() else MAIN), calib=args.calib)
     sal = None
     if uses_saliency(v.spec):
         qa = ctx.calib[v.calib_key(ctx.size)]

@@ -11,6 +11,7 @@ from typing import Mapping
 import torch
 
 from lab.aware.config import AwareConfig
+from lab.aware.methods import main_method, reference_method
 from lab.aware.methods import method_names
 from lab.experiments.aware.finetune import TrainConfig
 from lab.experiments.aware.tasks import QASet, Task
@@ -41,7 +42,7 @@ class Size:
     continual_steps: int = 16      # training steps per continual stage
     n_continual_eval: int = 60
     continual_calib: int = 64      # upstream calibration samples AWARe re-profiles on before each stage
-    continual_methods: tuple[str, ...] = ("full", "aware")
+    continual_methods: tuple[str, ...] = (reference_method(), main_method())   # full fine-tuning, AWARe
     exact: bool = False            # greedy exact match on the probe after every run (slower)
     grid: int = 2                  # visual tokens per side
     eval_batch: int = 50
@@ -54,7 +55,7 @@ SIZES = {
     "default": Size(),
     "large": Size(n_align=12000, align=AlignConfig(steps=1200, batch_size=32), n_easy_eval=1000, n_train=3000,
                   n_eval=1000, train=TrainConfig(steps=200, batch_size=16), seeds=(0, 1, 2),
-                  continual_steps=150, n_continual_eval=500, continual_methods=("full", "lora", "aware"),
+                  continual_steps=150, n_continual_eval=500, continual_methods=(reference_method(), "lora", main_method()),
                   exact=True),
 }
 MAIN = AwareConfig(rho=0.3, rule="activation-global", targets="qkv+projector")

@@ -19,7 +19,8 @@ import numpy as np
 from dataclasses import asdict, dataclass, replace
 
 from lab.aware.config import AwareConfig
-from lab.aware.methods import MethodSpec, get_method, lr_field, reference_method
+from lab.aware.methods import (METHODS, MethodSpec, get_method, lr_field, main_method, method_variant,  # noqa: F401
+                               reference_method)
 from lab.experiments.aware.ablate import Variant
 
 # Bump when a change of the run code changes a finished run's numbers (scoring, training loop, data).
@@ -58,7 +59,7 @@ class StudyConfig:
     n_probe: int = 320                 # text-probe questions (all 320)
     n_val: int = 400                   # validation questions per set, for choosing the rates
     rates: tuple[tuple[str, float], ...] = ()   # (method, base rate) beside the registry's Method.rate
-    methods: tuple[str, ...] = ("zero-shot", "full", "lora", "dora", "aware")
+    methods: tuple[str, ...] = tuple(METHODS.builtin_names())   # every built-in method, in registration order
     rho0_in_methods: bool = True       # q/k/v + projector trained with nothing frozen (rho = 0)
     rules: tuple[str, ...] = ("activation-balanced", "weight-norm", "random")
     rhos: tuple[float, ...] = (0.0, 0.1, 0.5, 0.7, 0.9)
@@ -121,7 +122,7 @@ class StudyConfig:
                        methods=self.methods, rules=self.rules, calib_sizes=self.calib_sizes,
                        n_calib=self.n_calib, seeds=self.seeds, continual_steps=self.continual_steps,
                        n_continual_eval=self.n_continual_eval, continual_calib=self.continual_calib,
-                       continual_methods=("full", "aware"), exact=False)
+                       continual_methods=(reference_method(), main_method()), exact=False)
 
 
 PRESETS = {
@@ -157,17 +158,18 @@ def variants(cfg: StudyConfig) -> list[Variant]:
         ref = reference_method()
         out.insert(0, Variant("methods", ref, MethodSpec(ref, MAIN)))   # E is relative to it
     out += [Variant("methods", m, MethodSpec(m, MAIN)) for m in cfg.methods if role(m) == "method"]
-    if not any(v.spec.method == "aware" for v in out):
-        out.append(Variant("methods", "aware", MethodSpec("aware", MAIN)))   # every group's reference point
+    main = main_method()   # AWARe: what every ablation group varies
+    if not any(v.spec.method == main for v in out):
+        out.append(Variant("methods", main, MethodSpec(main, MAIN)))   # every group's reference point
     if cfg.rho0_in_methods:
-        out.append(Variant("methods", "rho=0", MethodSpec("aware", replace(MAIN, rho=0.0))))
-    out += [Variant("rule", r, MethodSpec("aware", replace(MAIN, rule=r))) for r in cfg.rules]
-    out += [Variant("rho", f"rho={r:g}", MethodSpec("aware", replace(MAIN, rho=float(r)))) for r in cfg.rhos
+        out.append(Variant("methods", "rho=0", MethodSpec(main, replace(MAIN, rho=0.0))))
+    out += [Variant("rule", r, MethodSpec(main, replace(MAIN, rule=r))) for r in cfg.rules]
+    out += [Variant("rho", f"rho={r:g}", MethodSpec(main, replace(MAIN, rho=float(r)))) for r in cfg.rhos
             if r != MAIN.rho]
-    out += [Variant("targets", t, MethodSpec("aware", replace(MAIN, targets=t))) for t in cfg.targets]
+    out += [Variant("targets", t, MethodSpec(main, replace(MAIN, targets=t))) for t in cfg.targets]
     if cfg.proxy:
-        out.append(Variant("calibration", "proxy", MethodSpec("aware", MAIN), calib="proxy"))
-    out += [Variant("calib_size", f"n={n}", MethodSpec("aware", MAIN), calib_n=n) for n in cfg.calib_sizes]
+        out.append(Variant("calibration", "proxy", MethodSpec(main, MAIN), calib="proxy"))
+    out += [Variant("calib_size", f"n={n}", MethodSpec(main, MAIN), calib_n=n) for n in cfg.calib_sizes]
     return out
 
 
@@ -306,8 +308,10 @@ def plan_tests(cfg: StudyConfig, kept: dict, groups: tuple[str, ...] | None = No
     return out
 
 
-CONTINUAL = (("full", "full", False), ("aware (paper: upstream saliency)", "aware", False),
-             ("aware + replay saliency (extension)", "aware", True))
+# (label, method, replay saliency): full fine-tuning, AWARe as the paper runs it, AWARe re-profiled on replay
+CONTINUAL = ((reference_method(), reference_method(), False),
+             (f"{main_method()} (paper: upstream saliency)", main_method(), False),
+             (f"{main_method()} + replay saliency (extension)", main_method(), True))
 
 
 def plan_continual(cfg: StudyConfig, points: dict) -> list[ContinualJob]:

@@ -334,7 +334,8 @@ def collect(env: Env, out: Path) -> dict:
     tests, m_tests = found(P.plan_tests(cfg, kept), P.job_key)
     untested = sum(len(cfg.seeds_for(v.group)) * cfg.keep for v in P.variants(cfg)
                    if v.group != "methods" and P.trains(v) and variant_id(v) not in kept)
-    conts, m_cont = found(P.plan_continual(cfg, points), P.continual_key) if {"methods/full", "methods/aware"} <= set(points) \
+    pair = {P.method_variant(P.reference_method()), P.method_variant(P.main_method())}   # full fine-tuning, AWARe
+    conts, m_cont = found(P.plan_continual(cfg, points), P.continual_key) if pair <= set(points) \
         else ([], len(cfg.seeds[: cfg.ablation_seeds]) * len(P.CONTINUAL) * cfg.continual)
     missing = {"fronts": m_fronts, "precision": m_prec, "tuning": m_tune, "tests": m_tests + untested, "continual": m_cont}
     return {"fronts": fronts, "precision": precision, "tune": tune, "test": _unique(fronts + tests), "continual": conts,

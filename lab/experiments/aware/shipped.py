@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lab.experiments.aware.plan import (BUDGETS, CONTINUAL, NOTES, PRESETS, Job, StudyConfig, job_key,  # noqa: F401
-                                        variant_id, variants)
+                                        main_method, method_variant, reference_method, variant_id, variants)
 from lab.experiments.aware.provenance import (NOT_COMPUTING, changed_sources, machine, run_account,  # noqa: F401
                                               source_hashes, time_spread)
 
@@ -65,7 +65,8 @@ def cost(cfg, res: dict, *, tables_only: bool, wall_s: float, kept_original: boo
     preset = next((k for k, v in PRESETS.items() if v == cfg), None)
     budget = BUDGETS.get(preset)
     spread = {}
-    for vid in ("methods/full", "methods/aware"):   # runs of one variant at scale 1: the same job, seed aside
+    # runs of one variant at scale 1: the same job, seed aside (full fine-tuning and AWARe)
+    for vid in (method_variant(reference_method()), method_variant(main_method())):
         sp = time_spread([r for r in res.get("fronts", []) if r.get("variant") == vid and r.get("scale") == 1.0])
         if sp:
             spread[vid] = sp

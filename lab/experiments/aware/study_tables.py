@@ -18,30 +18,32 @@ from typing import Mapping
 import numpy as np
 
 from lab import stats
-from lab.aware.methods import table_columns
+from lab.aware.methods import main_method, method_variant, reference_method, table_columns
 from lab.experiments.aware import fronts as F
 
-REFERENCE = "methods/aware"
+REFERENCE = method_variant(main_method())          # methods/aware: every ablation's reference
+_FULL = method_variant(reference_method())         # methods/full: what E is relative to
+_LORA, _DORA = method_variant("lora"), method_variant("dora")
 EQUIVALENCE_R = 5.0   # R points: "almost as good" (the proxy finding) means the interval lies within +-5
 # (name, a, b): the methods compared along their fronts on the methods' test seeds
 METHOD_PAIRS = (
-    ("AWARe vs full fine-tuning", "methods/aware", "methods/full"),
-    ("AWARe vs LoRA", "methods/aware", "methods/lora"),
-    ("AWARe vs DoRA", "methods/aware", "methods/dora"),
-    ("AWARe vs nothing frozen (rho 0)", "methods/aware", "methods/rho=0"),
-    ("LoRA vs DoRA", "methods/lora", "methods/dora"),
-    ("LoRA vs full fine-tuning", "methods/lora", "methods/full"),
+    ("AWARe vs full fine-tuning", REFERENCE, _FULL),
+    ("AWARe vs LoRA", REFERENCE, _LORA),
+    ("AWARe vs DoRA", REFERENCE, _DORA),
+    ("AWARe vs nothing frozen (rho 0)", REFERENCE, "methods/rho=0"),
+    ("LoRA vs DoRA", _LORA, _DORA),
+    ("LoRA vs full fine-tuning", _LORA, _FULL),
 )
 # the paper's four findings: (finding, claim, [(a, b)]): claim "higher" — a retains more than b at matched
 # downstream accuracy; "equivalent" — within +-EQUIVALENCE_R
 FINDINGS = (
     ("selection by activation beats weight norm and random", "higher",
-     [("methods/aware", "rule/weight-norm"), ("methods/aware", "rule/random")]),
+     [(REFERENCE, "rule/weight-norm"), (REFERENCE, "rule/random")]),
     ("rho = 0.3 is the best trade-off (vs 0.1 and 0.5)", "higher",
-     [("methods/aware", "rho/rho=0.1"), ("methods/aware", "rho/rho=0.5")]),
-    ("q/k/v + projector beats adding the MLP blocks", "higher", [("methods/aware", "targets/qkv+projector+mlp")]),
+     [(REFERENCE, "rho/rho=0.1"), (REFERENCE, "rho/rho=0.5")]),
+    ("q/k/v + projector beats adding the MLP blocks", "higher", [(REFERENCE, "targets/qkv+projector+mlp")]),
     ("a generic (proxy) calibration set is almost as good as upstream data", "equivalent",
-     [("methods/aware", "calibration/proxy")]),
+     [(REFERENCE, "calibration/proxy")]),
 )
 
 

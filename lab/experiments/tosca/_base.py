@@ -1,8 +1,10 @@
 """The method contract of the harness: the scenario's data, the registry and the defaults.
 
 Every entry of :data:`METHODS` is a class built the same way, ``cls(dim, cfg, *, backbone=None,
-mode="cached")``, with its capabilities as registry info (``routed``, ``needs_backbone``,
-``trains``); the contract itself is described in :mod:`lab.experiments.tosca.methods`.
+mode="cached")``, with its capabilities as registry info (:func:`register`: ``role``, ``routed``,
+``needs_backbone``, ``trains``, ``luca``, ``cosine_head``, ``augments``, ``headline``); the harness
+asks the info, never a method's name. The contract itself is described in
+:mod:`lab.experiments.tosca.methods`.
 """
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ from typing import Callable
 import numpy as np
 import torch
 
+from lab import plugins
 from lab._registry import Registry
 from lab.tosca.learner import ToscaConfig
 
-METHODS = Registry("method")
+METHODS = Registry("method", group="continual_lab.tosca_methods", contract=plugins.check_tosca_method)
 MODES = ("cached", "augment")
+ROLES = ("method", "baseline")
 
 
 @dataclass
@@ -49,9 +53,27 @@ class ScenarioData:
                    [list(t.classes) for t in scn.tasks], images=scn.images, backbone=backbone)
 
 
-def register(name: str, *, routed: bool = False, needs_backbone: bool = False, trains: bool = True):
-    """Register a method class under ``name`` with its capabilities."""
-    return METHODS.register(name, routed=routed, needs_backbone=needs_backbone, trains=trains)
+def register(name: str, *, role: str = "baseline", routed: bool = False, needs_backbone: bool = False,
+             trains: bool = True, luca: bool = False, cosine_head: bool = False, augments: bool = False,
+             headline: int | None = None):
+    """Register a method class under ``name`` with its capabilities, which the harness reads instead
+    of the name:
+
+    - ``role``: ``"method"`` (the method under study, TOSCA: the study's ablations and routers vary it)
+      or ``"baseline"`` (compared with it);
+    - ``routed``: task modules chosen per test sample by a router (``--routing``);
+    - ``needs_backbone``: it runs the frozen backbone itself (not only cached features);
+    - ``trains``: it takes gradient steps (``--epochs``, ``--lr``, ...);
+    - ``luca``: it has LuCA modules (``--l1``, ``--flow``, the initialisations, the engine, the ridge router);
+    - ``cosine_head``: a trained cosine head with a scale (``--head-scale``);
+    - ``augments``: ``--mode augment`` changes it (it trains on augmented images through the backbone);
+    - ``headline``: its place among the baselines every router is compared with in the study's
+      headline (1 first; None: not there).
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; valid roles: {', '.join(ROLES)}")
+    return METHODS.register(name, role=role, routed=routed, needs_backbone=needs_backbone, trains=trains,
+                            luca=luca, cosine_head=cosine_head, augments=augments, headline=headline)
 
 
 class Method:

@@ -75,7 +75,7 @@ def grown_linear(old: nn.Linear | None, dim: int, n_new: int, generator: torch.G
     return new
 
 
-@register("simplecil", trains=False)
+@register("simplecil", trains=False, headline=1)
 class SimpleCIL(Method):
     def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached"):
         super().__init__(dim, cfg, backbone=backbone, mode=mode)
@@ -175,7 +175,7 @@ def tukey(x: torch.Tensor, beta: float = 0.5) -> torch.Tensor:
     return x.sign() * x.abs().pow(beta)
 
 
-@register("fecam", trains=False)
+@register("fecam", trains=False, headline=3)
 class FeCAM(_Stored):
     """FeCAM (Goswami et al., NeurIPS 2023, Sec. 3; their public code ``fecam.py``): features
     Tukey-transformed (β = 0.5), one covariance per class, shrunk (γ1 = γ2 = 1), normalised to unit
@@ -214,7 +214,7 @@ class FeCAM(_Stored):
         return -torch.stack(out, 1)[None]
 
 
-@register("ranpac", trains=False)
+@register("ranpac", trains=False, headline=2)
 class RanPAC(_Stored):
     """RanPAC (McDonnell et al., NeurIPS 2023, Sec. 4; their public code ``RanPAC.py``) on frozen
     features, without its first-session adaptation: ``h = ReLU(x W)`` with a frozen Gaussian

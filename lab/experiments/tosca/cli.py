@@ -175,19 +175,19 @@ def _shown(args, dest: str) -> str:
     return f"{_flag(dest)} {' '.join(show(x) for x in v) if isinstance(v, (list, tuple)) else show(v)}"
 
 
-# which options apply to which method: (dests, whether a method has them from (name, registry info), why not)
+# which options apply to which method: (dests, whether a method has them from (name, registry info), why not);
+# the capabilities are the registry info each method declares (lab.experiments.tosca._base.register)
 APPLIES = (
     (("routing", "routings", "per_batch_size"), lambda name, info: info["routed"],
      "it is not routed: one model, no task modules"),
     (("l1", "ratio", "flow", "luca_init", "head_init", "engine", "ridge_dim", "ridge_lambda"),
-     lambda name, info: name == "tosca",
+     lambda name, info: info["luca"],
      "it has no LuCA module"),
     (("epochs", "batch_size", "lr", "momentum", "weight_decay", "eta_min"), lambda name, info: info["trains"],
      "it takes no gradient steps"),
-    (("head_scale", "head_scale_param"), lambda name, info: name in ("tosca", "layerwise_adapter"),
+    (("head_scale", "head_scale_param"), lambda name, info: info["cosine_head"],
      "it has no trained cosine head"),
 )
-AUGMENTS = ("tosca", "layerwise_adapter")   # the methods --mode augment changes (they train through the backbone)
 
 
 def check_applies(args, info) -> None:
@@ -202,9 +202,12 @@ def check_applies(args, info) -> None:
         if hit and not has(args.method, info):
             unused += [_shown(args, d) for d in hit]
             why.append(reason)
-    if "mode" in typed and args.mode == "augment" and args.method not in AUGMENTS:
+    if "mode" in typed and args.mode == "augment" and not info["augments"]:
+        from lab._names import TOSCA_METHODS
+
+        changed = [n for n in TOSCA_METHODS if TOSCA_METHODS.info(n)["augments"]]   # they train through the backbone
         unused.append("--mode augment")
-        why.append(f"augment mode changes only {' and '.join(AUGMENTS)}")
+        why.append(f"augment mode changes only {' and '.join(changed)}")
     if unused:
         raise V.BadInput(f"{' '.join(unused)}: not used by --method {args.method} ({'; '.join(why)}); "
                          f"leave {'it' if len(unused) == 1 else 'them'} out")
@@ -246,7 +249,7 @@ def check_args(args) -> None:
         V.number("--l1", l1, ge=0, le=L1_MAX)
     if len(set(args.l1)) < len(args.l1):
         raise V.BadInput(f"--l1 {' '.join(map(str, args.l1))}: lists a value twice")
-    if len(args.l1) > 1 and args.method != "tosca":
+    if len(args.l1) > 1 and not METHODS.info(args.method)["luca"]:
         raise V.BadInput(f"--l1 {' '.join(map(str, args.l1))}: sweeps TOSCA's L1; method {args.method} has none")
     check_applies(args, METHODS.info(args.method))
     executors.check_arguments(args)

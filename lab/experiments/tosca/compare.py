@@ -138,6 +138,7 @@ def run_seeds(candidates: Sequence[str], builtins: Sequence[str], *, seeds: Sequ
 
     from lab.tosca.routing import ROUTERS, check_routing
 
+    from .methods import METHODS
     from .run import RunConfig, run
 
     config = config or RunConfig()
@@ -152,8 +153,9 @@ def run_seeds(candidates: Sequence[str], builtins: Sequence[str], *, seeds: Sequ
         raise ValueError(f"router(s) {', '.join(sorted(both))} named both as yours and as a built-in")
     if len(seeds) < 2:
         raise ValueError(f"at least two seeds are needed for an interval over seeds (got {seeds})")
-    if config.method != "tosca":
-        raise ValueError(f"routers route TOSCA's modules: method must be 'tosca' (got {config.method!r})")
+    if not METHODS.info(config.method)["routed"]:
+        routed = " or ".join(repr(m) for m in METHODS.names() if METHODS.info(m)["routed"])
+        raise ValueError(f"routers route TOSCA's modules: method must be {routed} (got {config.method!r})")
     routings = (*candidates, *builtins)
     rows, t0 = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lab-compare-") as tmp:

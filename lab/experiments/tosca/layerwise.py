@@ -92,7 +92,7 @@ def adapter_param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in adapter_parameters(model))
 
 
-@register("layerwise_adapter", needs_backbone=True)
+@register("layerwise_adapter", needs_backbone=True, cosine_head=True, augments=True)
 class LayerwiseAdapter(Method):
     def __init__(self, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached", r: int = BOTTLENECK):
         super().__init__(dim, cfg, backbone=backbone, mode=mode)

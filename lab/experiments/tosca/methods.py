@@ -31,7 +31,7 @@ from . import layerwise as _layerwise  # noqa: F401  (registers the layer-wise a
 from ._base import METHODS, MODES, Method, ScenarioData, register  # noqa: F401  (the contract)
 from .augment import AugmentedFeatures
 
-@register("tosca", routed=True)
+@register("tosca", role="method", routed=True, luca=True, cosine_head=True, augments=True)
 class ToscaMethod(Method):
     """TOSCA (lab.tosca.learner): one LuCA per task, routed at test time.
 
@@ -92,13 +92,19 @@ class ToscaMethod(Method):
         return self.model.head.scale
 
 
-_ORDER = ("tosca", "simplecil", "ncm", "fecam", "ranpac", "finetune", "joint", "layerwise_adapter")
+def _place(name: str) -> tuple:
+    """Where a method is listed: built-ins first; the method under study, then the baselines that train
+    nothing, those that train on cached features, those that run the backbone; registration order last."""
+    if METHODS.source(name) != "built-in":
+        return (1,)
+    info = METHODS.info(name)
+    return (0, info["role"] != "method", info["trains"], info["needs_backbone"])
 
 
 def list_methods() -> list[str]:
     """Every registered method: TOSCA, the baselines, then any added later (in registration order)."""
     names = METHODS.names()
-    return sorted(names, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), names.index(n)))
+    return sorted(names, key=lambda n: (_place(n), names.index(n)))
 
 
 def create(name: str, dim: int, cfg: ToscaConfig, *, backbone=None, mode: str = "cached"):

@@ -22,8 +22,9 @@ from pathlib import Path
 import pandas as pd
 
 from lab import stats as _stats
+from lab._names import REFERENCE_FLOW, TOSCA_METHODS
 
-from .study import t_interval   # lab.stats.t_interval as (mean, half-width)
+from .study import METHOD, t_interval   # METHOD: the method under study (TOSCA); t_interval: (mean, half-width)
 
 RESULTS = Path(__file__).resolve().parents[3] / "results" / "tosca"
 REPO = Path(__file__).resolve().parents[3]
@@ -158,12 +159,27 @@ def spans_zero(mean: float, half: float) -> bool:
     return _stats.direction(mean - half, mean + half) not in ("higher", "lower")
 
 
-def _select(runs, *, scenario, method="tosca", flow="tosca", init=REF, routing=None):
+def _info(method: str) -> dict:
+    """A method's registry info (lab.experiments.tosca._base.register, read without torch); none for a
+    method no registry here knows (a row of a study run elsewhere, with a plugin)."""
+    try:
+        return TOSCA_METHODS.info(method)
+    except KeyError:
+        return {}
+
+
+def _under_study(runs):
+    """Row mask: the method under study (role "method": TOSCA), not a baseline."""
+    return runs.method.map(lambda m: _info(m).get("role") == "method")
+
+
+def _select(runs, *, scenario, method=METHOD, flow=REFERENCE_FLOW, init=REF, routing=None):
     q = (runs.scenario == scenario) & (runs.method == method)
-    if method == "tosca":
+    info = _info(method)
+    if info.get("luca"):
         q &= (runs.flow == flow) & (runs.head_init == init[0]) & (runs.luca_init == init[1])
-        if routing is not None:
-            q &= runs.routing == routing
+    if info.get("routed") and routing is not None:
+        q &= runs.routing == routing
     return runs[q].set_index("seed")
 
 
@@ -182,18 +198,18 @@ def paired(runs, metric: str, a: dict, b: dict) -> tuple[float, float, int]:
 
 def _reference_tosca(runs):
     """Row mask: TOSCA with the 'tosca' flow and the reference initialisation."""
-    return (runs.flow == "tosca") & (runs.head_init == REF[0]) & (runs.luca_init == REF[1])
+    return (runs.flow == REFERENCE_FLOW) & (runs.head_init == REF[0]) & (runs.luca_init == REF[1])
 
 
 def headline_seeds(runs) -> list[int]:
     """Seeds of the headline: TOSCA with the reference initialisation (and the baselines beside it)."""
-    return sorted(runs[(runs.method == "tosca") & _reference_tosca(runs)].seed.unique().tolist())
+    return sorted(runs[_under_study(runs) & _reference_tosca(runs)].seed.unique().tolist())
 
 
 def ablation_seeds(runs) -> list[int]:
     """Seeds at which the initialisation and flow ablations ran (every variant; the study may run
     the headline at more seeds, ``lab tosca study --headline-seeds``)."""
-    abl = (runs.method == "tosca") & ~_reference_tosca(runs)
+    abl = _under_study(runs) & ~_reference_tosca(runs)
     return sorted(runs[abl].seed.unique().tolist()) or headline_seeds(runs)
 
 
@@ -217,11 +233,17 @@ def seeds_phrase(runs) -> str:
 
 
 def routings(runs) -> list[str]:
-    return list(dict.fromkeys(runs[runs.method == "tosca"].routing))
+    return list(dict.fromkeys(runs[_under_study(runs)].routing))
 
 
 def baselines(runs) -> list[str]:
-    return [m for m in dict.fromkeys(runs.method) if m != "tosca"]
+    return [m for m in dict.fromkeys(runs.method) if _info(m).get("role") != "method"]
+
+
+def headline_baselines(runs) -> list[str]:
+    """The baselines in ``runs`` every router of TOSCA is compared with: those whose registry info gives
+    them a place in the headline (``headline``: 1 first), in that order."""
+    return sorted((b for b in baselines(runs) if _info(b).get("headline")), key=lambda b: _info(b)["headline"])
 
 
 def router_rows(runs, scenario: str) -> list[tuple[str, str, dict]]:
@@ -238,10 +260,9 @@ def router_table(runs, scenario: str) -> pd.DataFrame:
     for name, kind, sel in router_rows(runs, scenario):
         row = {"method": name, "Ā": fmt(*stat(runs, "avg_inc_acc", **sel)), "A_B": fmt(*stat(runs, "last_acc", **sel)),
                "routing acc. (%)": fmt(*stat(runs, "routing_accuracy_last", **sel)) if kind == "TOSCA" else ""}
-        for b in HEADLINE_BASELINES if kind == "TOSCA" else ():
-            if b in baselines(runs):
-                m, h, _ = paired(runs, "last_acc", sel, dict(scenario=scenario, method=b))
-                row[f"A_B − {b}"] = fmt_diff(m, h)
+        for b in headline_baselines(runs) if kind == "TOSCA" else ():
+            m, h, _ = paired(runs, "last_acc", sel, dict(scenario=scenario, method=b))
+            row[f"A_B − {b}"] = fmt_diff(m, h)
         rows.append(row)
     return pd.DataFrame(rows).fillna("")
 
@@ -252,7 +273,9 @@ RIDGE_ORIGIN = ("a RanPAC-style global ridge router from a follow-up method (PRI
                 "that first published TOSCA's code; the TOSCA paper's own routing is entropy")
 RIDGE_SHORT = ("PRISM's RanPAC-style global ridge, from a follow-up method developed in the repository that first "
                "published TOSCA's code — not the TOSCA paper's routing, which is entropy")
-HEADLINE_BASELINES = ("simplecil", "ranpac", "fecam")   # what every router of TOSCA is compared with
+# the built-in baselines every router of TOSCA is compared with (:func:`headline_baselines`: those of a study)
+HEADLINE_BASELINES = tuple(sorted((m for m in TOSCA_METHODS.builtin(role="baseline") if _info(m)["headline"]),
+                                  key=lambda m: _info(m)["headline"]))
 HALF_WIDTH_TARGET = 2.5   # points: A_B's 95 % half-width the shipped study aims at for every row
 
 
@@ -265,7 +288,7 @@ def comparisons(runs) -> pd.DataFrame:
     for scn in dict.fromkeys(runs.scenario):
         rs = [r for r in routings(runs) if r != "oracle"]
         pairs = [(f"TOSCA ({r})", dict(scenario=scn, routing=r), b, dict(scenario=scn, method=b))
-                 for r in rs for b in HEADLINE_BASELINES if b in baselines(runs)]
+                 for r in rs for b in headline_baselines(runs)]
         if {"ridge", "per-sample"} <= set(rs):
             pairs.append(("TOSCA (ridge)", dict(scenario=scn, routing="ridge"), "TOSCA (per-sample entropy)",
                           dict(scenario=scn, routing="per-sample")))
@@ -385,8 +408,8 @@ def flow_table(runs, scenario: str) -> pd.DataFrame:
         row = {"flow": f, "output": FLOW_TEXT[f], "A_B oracle": fmt(*stat(runs, "last_acc", **o)),
                "A_B per-sample": fmt(*stat(runs, "last_acc", **p)),
                "Ā per-sample": fmt(*stat(runs, "avg_inc_acc", **p))}
-        if f != "tosca":
-            base_o, base_p = dict(o, flow="tosca"), dict(p, flow="tosca")
+        if f != REFERENCE_FLOW:
+            base_o, base_p = dict(o, flow=REFERENCE_FLOW), dict(p, flow=REFERENCE_FLOW)
             row["oracle A_B − tosca"] = fmt_diff(*paired(runs, "last_acc", o, base_o)[:2])
             row["per-sample A_B − tosca"] = fmt_diff(*paired(runs, "last_acc", p, base_p)[:2])
         row["trainable params (all tasks, head incl.)"] = f"{int(_select(runs, **o).trainable_params.iloc[0]):,}"
@@ -499,7 +522,7 @@ def efficiency_sentence(params: pd.DataFrame, time: pd.DataFrame | None) -> str:
 def answer(runs, scenario: str) -> str:
     """With which router, if any, does TOSCA beat SimpleCIL, RanPAC and FeCAM on ``scenario``?"""
     out = []
-    for b in [b for b in HEADLINE_BASELINES if b in baselines(runs)]:
+    for b in headline_baselines(runs):
         t = beats(runs, scenario, b)
         win = t[t.verdict == "TOSCA higher"].routing.tolist()
         tie = t[t.verdict == "no difference detected"].routing.tolist()
@@ -665,12 +688,12 @@ def live_check(shipped: Shipped, live_summary: pd.DataFrame, cfg) -> str:
             ", ".join(f"{k} {a} (study: {b})" for k, (a, b) in same.items())
         return f"live run not comparable with the shipped study: {why}"
     lines = []
-    for method, routing in (("tosca", "per-sample"), ("tosca", "oracle"), ("simplecil", "single")):
+    for method, routing in ((METHOD, "per-sample"), (METHOD, "oracle"), (HEADLINE_BASELINES[0], "single")):
         row = live_summary[(live_summary.method == method) & (live_summary.routing == routing)]
         if row.empty:
             continue
         live = float(row.last_acc.iloc[0])
-        sel = dict(scenario=scn, method=method, routing=routing) if method == "tosca" else dict(scenario=scn, method=method)
+        sel = dict(scenario=scn, method=method, routing=routing) if _info(method).get("routed") else dict(scenario=scn, method=method)
         rows = _select(shipped.runs, **sel)
         lines.append(f"{method} ({routing}): live A_B {live:.2f}; " + _against_seeds(live, rows.last_acc, cfg.seed))
     return "\n".join(lines)

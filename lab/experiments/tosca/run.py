@@ -82,7 +82,7 @@ class RunConfig(ToscaConfig):
         if self.ridge_lambda is not None:
             _validate.number("ridge_lambda", self.ridge_lambda, gt=0, le=RIDGE_LAMBDA_MAX)
         if (self.ridge_dim, self.ridge_lambda) != (None, None) and (
-                self.method != "tosca" or "ridge" not in self.evaluated_routings):
+                not METHODS.info(self.method)["luca"] or "ridge" not in self.evaluated_routings):
             raise ValueError("ridge_dim and ridge_lambda set TOSCA's ridge router: they need method 'tosca' with "
                              f"'ridge' among its routings (got method {self.method!r}, routings "
                              f"{', '.join(self.evaluated_routings)})")

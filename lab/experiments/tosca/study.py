@@ -44,11 +44,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lab._names import REFERENCE_FLOW, TOSCA_METHODS
+
 if TYPE_CHECKING:      # imported where used: .run imports torch, and `lab tosca study --help` needs none
     from .run import RunConfig
 
 SCENARIOS = ("fashion_mnist_mini", "mnist_5k+fashion_mnist_mini")
-BASELINES = ("simplecil", "ncm", "fecam", "ranpac")
+# the method under study (TOSCA) and the baselines compared with it: those that train nothing (registry info)
+METHOD = TOSCA_METHODS.builtin(role="method")[0]
+BASELINES = TOSCA_METHODS.builtin(role="baseline", trains=False)
 # ten seeds: with three, A_B's 95 % interval was up to ±6 points for per-sample routing (t = 4.30)
 SEEDS = tuple(range(1993, 2003))
 # the headline's seeds (module docstring): per-batch A_B's spread over seeds, 7.5 points, needs ~40
@@ -87,10 +91,10 @@ def variants(base: RunConfig, *, scenarios, seeds, baselines=BASELINES, inits=IN
     for scenario, seed in itertools.product(scenarios, every):
         common = dict(datasets=tuple(scenario.split("+")), seed=int(seed))
         full = seed in seeds
-        out += [replace(base, method="tosca", head_init=h, luca_init=lu, routings=routings, **common)
+        out += [replace(base, method=METHOD, head_init=h, luca_init=lu, routings=routings, **common)
                 for h, lu in (inits if full else inits[:1])]
         if full and scenario in flow_scenarios:
-            out += [replace(base, method="tosca", flow=f, head_init="reference", luca_init="reference",
+            out += [replace(base, method=METHOD, flow=f, head_init="reference", luca_init="reference",
                             routings=routings, **common) for f in flows]
         out += [replace(base, method=m, **common) for m in baselines]
     return out
@@ -132,7 +136,7 @@ def run_one(cfg: RunConfig, runs_root, data=None) -> list[dict]:
     with tempfile.TemporaryDirectory(dir=runs_root) as root:
         res = run(cfg, data=_data(cfg, _DATA) if data is None else data, runs_root=root, progress=False)
     secs = time.perf_counter() - t0
-    tosca = cfg.method == "tosca"
+    tosca = TOSCA_METHODS.info(cfg.method)["luca"]     # flow and initialisations: the LuCA's
     return [{"scenario": "+".join(cfg.datasets), "seed": cfg.seed, "method": cfg.method,
              "flow": cfg.flow if tosca else "", "head_init": cfg.head_init if tosca else "",
              "luca_init": cfg.luca_init if tosca else "", "routing": r["routing"],
@@ -214,7 +218,7 @@ def run_all(configs, runs_root, *, log=print, executor: str = "local", address: 
     from lab import executors
 
     jobs = [executors.Job(executors.key(f"{cfg.method}-{'+'.join(cfg.datasets)}-s{cfg.seed}-"
-                                        f"{cfg.head_init}-{cfg.luca_init}" + ("" if cfg.flow == "tosca" else f"-{cfg.flow}"), cfg), run_variant, cfg,
+                                        f"{cfg.head_init}-{cfg.luca_init}" + ("" if cfg.flow == REFERENCE_FLOW else f"-{cfg.flow}"), cfg), run_variant, cfg,
                           **executors.resources(cfg.device, max(1, cfg.threads))) for cfg in configs]
     if results_dir is not None:
         _check_stored(jobs, results_dir)
@@ -355,7 +359,6 @@ def check_arguments(args) -> None:
     from lab import _validate as V
     from lab import executors
     from lab.data import datasets
-    from lab._names import TOSCA_METHODS     # static: a bad name answers without torch
 
     V.count("--epochs", args.epochs, maximum=100_000)
     V.count("--inc", args.inc, maximum=100_000)
@@ -373,10 +376,11 @@ def check_arguments(args) -> None:
         for part in scn.split("+"):
             if valid is not None and part not in valid:
                 raise V.bad("--scenarios", scn, f"unknown dataset {part!r}; valid: {', '.join(sorted(valid))}")
-    methods = set(TOSCA_METHODS.names())
+    methods = set(TOSCA_METHODS.names())      # static: a bad name answers without torch
     for b in args.baselines:
-        if b not in methods or b == "tosca":
-            raise V.bad("--baselines", b, f"not a baseline; valid: {', '.join(sorted(methods - {'tosca'}))}")
+        if b not in methods or TOSCA_METHODS.info(b)["role"] != "baseline":
+            valid = sorted(m for m in methods if TOSCA_METHODS.info(m)["role"] == "baseline")
+            raise V.bad("--baselines", b, f"not a baseline; valid: {', '.join(valid)}")
     if args.address is not None and args.executor != "ray":
         raise V.bad("--address", args.address, "joins a Ray cluster: needs --executor ray")
     executors.check(args.executor, args.address)

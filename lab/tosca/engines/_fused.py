@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from lab import _cc
+from lab.tosca.luca import REFERENCE_FLOW
 
 from ._step import FlatParams, by_name, flat_update
 
@@ -63,7 +64,7 @@ def kernels():
 
 def covers(luca, cfg) -> bool:
     """Whether the fused step is written for this LuCA and config: the 'tosca' flow on the CPU."""
-    return luca.flow == "tosca" and str(cfg.device) == "cpu"
+    return luca.flow == REFERENCE_FLOW and str(cfg.device) == "cpu"
 
 
 def why_not_built() -> str:

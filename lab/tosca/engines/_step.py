@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lab.tosca.luca import REFERENCE_FLOW
+
 aten = torch.ops.aten
 _NORM_EPS = 1e-12  # F.normalize's default, as the cosine head calls it
 _ALIGN = 128  # floats (512 bytes): each tensor starts as aligned as a fresh CPU or CUDA allocation
@@ -180,7 +182,7 @@ class TrainStep:
         n_luca = len(list(luca.parameters()))
         self.flat = FlatParams([*luca.parameters(), *head.parameters()])
         self.n_l1 = self.flat.prefix(n_luca)
-        self.by_hand = luca.flow == "tosca"
+        self.by_hand = luca.flow == REFERENCE_FLOW
         self.luca_grads = by_name(luca, self.flat.grads[:n_luca])
         self.head_grads = by_name(head, self.flat.grads[n_luca:])
 

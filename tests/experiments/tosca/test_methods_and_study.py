@@ -44,7 +44,7 @@ def test_every_cached_method_honours_the_contract(name, toy_method):
     name = toy_method if name == "toy" else name
     data = synthetic_data(num_tasks=3, dim=16, noise=1.0, seed=4)
     info = Me.METHODS.info(name)
-    assert set(info) == {"routed", "needs_backbone", "trains"}
+    assert set(info) == {"role", "routed", "needs_backbone", "trains", "luca", "cosine_head", "augments", "headline"}
     m = Me.fit(Me.create(name, data.dim, ToscaConfig(epochs=2, seed=0)), data)
     idx = torch.arange(len(data.test_y))
     logits = m.logits(data, idx)
@@ -91,8 +91,11 @@ def test_methods_are_built_alike_and_capabilities_are_registry_info():
         Me.create("layerwise_adapter", 8, ToscaConfig())
     with pytest.raises(ValueError, match="unknown mode"):
         Me.create("tosca", 8, ToscaConfig(), mode="nope")
-    assert Me.METHODS.info("tosca") == {"routed": True, "needs_backbone": False, "trains": True}
-    assert not Me.METHODS.info("simplecil")["trains"]
+    assert Me.METHODS.info("tosca") == {"role": "method", "routed": True, "needs_backbone": False, "trains": True,
+                                        "luca": True, "cosine_head": True, "augments": True, "headline": None}
+    assert not Me.METHODS.info("simplecil")["trains"] and Me.METHODS.info("simplecil")["role"] == "baseline"
+    with pytest.raises(ValueError, match="unknown role"):
+        Me.register("toy-role", role="reference")
 
 
 def test_run_config_carries_every_tosca_field_and_the_cli_reaches_it():
