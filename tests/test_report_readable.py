@@ -57,6 +57,21 @@ def test_a_figure_that_fits_is_left_alone():
     assert readable.fit(fig) is fig and readable.fit(fig.to_dict()) == fig.to_dict()
 
 
+def test_a_grid_of_photos_stays_light_and_small_images_stay_exact():
+    """Notebook 01 shows 12 packaged photographs of 224 px: as PNG they alone weighed 1.2 MB and pushed
+    its report past the size limit; as JPEG they are a fraction of it. 28-px images stay PNG."""
+    import numpy as np
+
+    from lab import analysis, plots
+
+    imgs, _ = analysis.photos(size=224)
+    fig = plots.image_grid(imgs, [str(i) for i in range(len(imgs))], cols=6)
+    assert all(t.source.startswith("data:image/jpeg") for t in fig.data)
+    assert len(fig.to_json()) < MAX_REPORT_BYTES / 5
+    small = plots.image_grid(np.zeros((2, 28, 28), np.uint8), ["a", "b"])
+    assert all(t.source.startswith("data:image/png") for t in small.data)
+
+
 def test_category_labels_that_would_collide_are_wrapped_in_the_continual_figure():
     """Notebook 04's continual figure at the report's width: with five stages of long task names the
     plain ``stage k: task`` labels would run into each other (plotly would then slant them into the
