@@ -696,8 +696,8 @@ def readme_section(study: dict) -> str:
              "```", "",
              "Every finished run is one JSON file in `results/aware/runs/`, named by a hash of everything that "
              "changes its numbers (data, method, rates, seed, precision, recipe), so an interrupted study loses at most "
-             "the runs in flight." + _readme_cost(m), ""]
-    return "\n".join(parts)
+             "the runs in flight." + _readme_cost(m), "", ""]
+    return "\n".join(parts)   # ends with a blank line: the README's next section starts apart
 
 
 def _readme_cost(m: dict) -> str:
