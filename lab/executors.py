@@ -181,13 +181,15 @@ def _call(fn, config, *shared):
     return _roundtrip(fn(config, *shared))
 
 
-def _start_ray(ray, address, workers) -> None:
+def _start_ray(address, workers) -> None:
     """``ray.init`` (a local instance, or the cluster at ``address``) that leaves this process's SIGTERM
     handler as it was: Ray's own ends the driver with ``sys.exit``, so a long command stopped by
     ``kill`` would leave without the line that resumes it (Ctrl-C and SIGTERM must end it alike). A
     Ray that does not start is one line (RuntimeError), not Ray's traceback."""
     import signal
     import threading
+
+    import ray
 
     kw = {"address": address} if address else {"num_cpus": workers or os.cpu_count() or 1, "include_dashboard": False}
     main = threading.current_thread() is threading.main_thread()
@@ -210,7 +212,7 @@ def _run_ray(todo, shared, results_dir, out, address, workers, log, verify=None)
     started = not ray.is_initialized()
     try:
         if started:      # inside the try: a Ctrl-C while Ray starts still shuts down what it started
-            _start_ray(ray, address, workers)
+            _start_ray(address, workers)
         shared_refs = [ray.put(s) for s in shared]          # once, not once per variant
         task = ray.remote(_call)
         pending = {task.options(num_cpus=j.num_cpus, num_gpus=j.num_gpus, name=j.key, max_retries=0)
