@@ -101,15 +101,15 @@ def main(argv=None) -> dict:
     import transformers
 
     from lab import runs
-    from lab.experiments.aware import tasks
+    from lab.experiments.aware.run import tasks
     from lab.aware.config import AwareConfig
     from lab.aware.methods import MethodSpec, prepare
-    from lab.experiments.aware.finetune import TrainConfig, iterate
-    from lab.experiments.aware.minillava import MiniLlava, load_language_model
-    from lab.experiments.aware.profiling import calibration_batches
-    from lab.experiments.aware.prompts import ChatEncoder
+    from lab.experiments.aware.run.finetune import TrainConfig, iterate
+    from lab.experiments.aware.run.minillava import MiniLlava, load_language_model
+    from lab.experiments.aware.run.profiling import calibration_batches
+    from lab.experiments.aware.run.prompts import ChatEncoder
     from lab.aware.saliency import profile
-    from lab.experiments.aware.scoring import answer_loss
+    from lab.experiments.aware.run.scoring import answer_loss
 
     transformers.logging.set_verbosity_error()
     load = os.getloadavg()[0]

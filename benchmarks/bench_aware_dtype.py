@@ -27,8 +27,8 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from lab.experiments.aware.context import SIZES, setup
-    from lab.experiments.aware.finetune import TrainConfig, evaluate, train
+    from lab.experiments.aware.run.context import SIZES, setup
+    from lab.experiments.aware.run.finetune import TrainConfig, evaluate, train
 
     size = replace(SIZES["default"], n_easy_eval=a.n_easy, n_probe=a.n_probe)
     ctx = setup(size, tasks_needed=("fashion",), device=a.device, progress=False)

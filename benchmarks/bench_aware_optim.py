@@ -1,7 +1,7 @@
 """AdamW implementations on the offline mini-LLaVA: default vs ``foreach=True`` vs ``fused=True``.
 
 For the parameter sets of full fine-tuning and of AWARe (rho=0.3, q/k/v+projector), with the lrs of
-``TrainConfig`` and weight decay 0 (the fine-tuning loop's, ``lab/experiments/aware/finetune.py``):
+``TrainConfig`` and weight decay 0 (the fine-tuning loop's, ``lab/experiments/aware/run/finetune.py``):
 
 - the optimizer step alone, on the real gradients of one training batch (clipped as in training),
   replayed for N steps from the same start: median time of steps 2..N, implementations interleaved;
@@ -59,12 +59,12 @@ def main(argv=None) -> dict:
     from lab.aware.config import AwareConfig
     from lab.aware.methods import MethodSpec, prepare
     from lab.aware.saliency import profile
-    from lab.experiments.aware import tasks
-    from lab.experiments.aware.finetune import TrainConfig, iterate
-    from lab.experiments.aware.minillava import MiniLlava, load_language_model
-    from lab.experiments.aware.profiling import calibration_batches
-    from lab.experiments.aware.prompts import ChatEncoder
-    from lab.experiments.aware.scoring import answer_loss
+    from lab.experiments.aware.run import tasks
+    from lab.experiments.aware.run.finetune import TrainConfig, iterate
+    from lab.experiments.aware.run.minillava import MiniLlava, load_language_model
+    from lab.experiments.aware.run.profiling import calibration_batches
+    from lab.experiments.aware.run.prompts import ChatEncoder
+    from lab.experiments.aware.run.scoring import answer_loss
 
     transformers.logging.set_verbosity_error()
     impls = dict(IMPLS)

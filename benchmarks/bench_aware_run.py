@@ -32,11 +32,11 @@ def main(argv=None) -> int:
     import torch
 
     from lab.aware.methods import MethodSpec, lr_field
-    from lab.experiments.aware.ablate import Variant, profile_calibrations, tasks_for
-    from lab.experiments.aware.context import setup
-    from lab.experiments.aware.finetune import evaluate, fit, for_scoring
-    from lab.experiments.aware.plan import MAIN, PRESETS
-    from lab.experiments.aware.study_views import seed_caches
+    from lab.experiments.aware.run.ablate import Variant, profile_calibrations, tasks_for
+    from lab.experiments.aware.run.context import setup
+    from lab.experiments.aware.run.finetune import evaluate, fit, for_scoring
+    from lab.experiments.aware.study.plan import MAIN, PRESETS
+    from lab.experiments.aware.views.study import seed_caches
 
     torch.set_num_threads(a.threads)
     cfg = PRESETS["shipped"]

@@ -10,7 +10,7 @@
     = 10 tasks, the reference's 20 epochs, every routing evaluated after every task, run files
     written. Prints its wall time divided by ONE feature pass over the 60,000 images (from [1]'s
     rate); the target is <= 1.5 (TOSCA costs at most half a feature pass on top of it).
-[3] AWARe on a LLaVA in bf16 through the lab's hub-LLaVA path (:mod:`lab.experiments.aware.hub_llava`):
+[3] AWARe on a LLaVA in bf16 through the lab's hub-LLaVA path (:mod:`lab.experiments.aware.run.hub_llava`):
     ``--model llava-1.5-7b`` (default) builds a random ``LlavaForConditionalGeneration`` of
     llava-hf/llava-1.5-7b-hf's shapes (CLIP ViT-L/14-336 + a 7B Llama, 576 image tokens) on the
     device; a hub id or folder loads that checkpoint instead. Profiles q/k/v + projector on
@@ -113,10 +113,10 @@ def llava_aware(args) -> dict:
     from lab.aware.freeze import RowSplitLinear
     from lab.aware.methods import MethodSpec, finish, prepare
     from lab.aware.saliency import profile
-    from lab.experiments.aware import hub_llava
-    from lab.experiments.aware.finetune import TrainConfig, train
-    from lab.experiments.aware.profiling import calibration_batches
-    from lab.experiments.aware.tasks import QASet
+    from lab.experiments.aware.run import hub_llava
+    from lab.experiments.aware.run.finetune import TrainConfig, train
+    from lab.experiments.aware.run.profiling import calibration_batches
+    from lab.experiments.aware.run.tasks import QASet
 
     cuda = torch.device(args.device).type == "cuda"
     dtype = hub_llava.dtype_of(args.llava_dtype, "cuda")          # bf16 unless told otherwise, CPU included

@@ -38,9 +38,9 @@ DEFAULT_ROUTINGS = ("per-sample", "per-batch", "oracle")         # lab.tosca.rou
 
 AWARE_METHODS = Names("aware method", ("zero-shot", "full", "lora", "dora", "aware"))   # lab.aware.methods.method_names()
 AWARE_RULES = Names("aware rule", ("activation-global", "activation-balanced", "weight-norm", "random"))   # .masking.rule_names()
-AWARE_TASKS = ("fashion", "digits", "even")                      # lab.experiments.aware.tasks.TEMPLATES
-AWARE_SIZES = ("smoke", "default", "large")                      # lab.experiments.aware.context.SIZES
-AWARE_PRESETS = ("shipped", "smoke")                             # lab.experiments.aware.plan.PRESETS
+AWARE_TASKS = ("fashion", "digits", "even")                      # lab.experiments.aware.run.tasks.TEMPLATES
+AWARE_SIZES = ("smoke", "default", "large")                      # lab.experiments.aware.run.context.SIZES
+AWARE_PRESETS = ("shipped", "smoke")                             # lab.experiments.aware.study.plan.PRESETS
 
 DEFAULT_BACKBONE = "efficientnet_lite0"                          # lab.backbones.DEFAULT_BACKBONE
 DEFAULT_DATASET = "fashion_mnist_mini"                           # lab.data.DEFAULT_DATASET

@@ -54,7 +54,7 @@ def smollm2_in_cache(tmp_path_factory):
     that copy. In a warm cache nobody de-quantises."""
     pytest.importorskip("gguf")
     from _report_helpers import _once
-    from lab.experiments.aware.minillava import load_language_model, smollm2_gguf
+    from lab.experiments.aware.run.minillava import load_language_model, smollm2_gguf
 
     try:
         smollm2_gguf()

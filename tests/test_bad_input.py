@@ -518,7 +518,7 @@ def warm():
     import papermill  # noqa: F401
     import torch  # noqa: F401
 
-    from lab.experiments.aware.checks import mini_llava_skeleton
+    from lab.experiments.aware.run.checks import mini_llava_skeleton
 
     mini_llava_skeleton()
 
@@ -780,7 +780,7 @@ def test_shipped_study_readers_fail_in_one_line_naming_the_file(row, tmp_path):
             else:
                 m[k] = v
         (folder / mname).write_text(json.dumps(m))
-    from lab.experiments.aware import study_views
+    from lab.experiments.aware.views import study as study_views
     from lab.experiments.tosca import results   # imported before the clock starts
 
     before = _snapshot(folder)

@@ -141,9 +141,9 @@ def test_static_names_match_the_registries():
     from lab import _names, backbones, data
     from lab.aware.masking import RULES, rule_names
     from lab.aware.methods import METHODS, method_names
-    from lab.experiments.aware.context import SIZES
-    from lab.experiments.aware.plan import PRESETS
-    from lab.experiments.aware.tasks import TEMPLATES
+    from lab.experiments.aware.run.context import SIZES
+    from lab.experiments.aware.study.plan import PRESETS
+    from lab.experiments.aware.run.tasks import TEMPLATES
     from lab.experiments.tosca import _base, methods
     from lab.tosca import luca, routing
 

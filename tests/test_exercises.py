@@ -66,7 +66,7 @@ def _nb02():
 def _nb03():
     sys.path.insert(0, str(ROOT / "tests" / "experiments" / "aware"))
     from test_aware_views import study   # hand-made saliency profiles of the views' tests
-    from lab.experiments.aware import tables
+    from lab.experiments.aware.study import profile_tables as tables
 
     s = study()
     reference = s.labels[0]

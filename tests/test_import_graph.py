@@ -142,11 +142,11 @@ def test_the_check_can_fail(tmp_path, monkeypatch):
     tree = tmp_path / "lab"
     shutil.copytree(LAB, tree, ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.o"))
     (tree / "tracking.py").write_text((tree / "tracking.py").read_text()
-                                      + "\n\ndef _up():\n    from lab.experiments.aware.ablate import summary\n")
+                                      + "\n\ndef _up():\n    from lab.experiments.aware.run.ablate import summary\n")
     monkeypatch.setattr(g, "LAB", tree)
     try:
         g.test_no_arrow_runs_up_but_the_named_ones()
     except AssertionError as exc:
-        assert "lab/tracking.py imports lab.experiments.aware.ablate" in str(exc), exc
+        assert "lab/tracking.py imports lab.experiments.aware.run.ablate" in str(exc), exc
     else:
         raise AssertionError("an upward arrow went unnoticed")

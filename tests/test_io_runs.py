@@ -142,8 +142,8 @@ def test_a_lock_that_is_not_a_regular_file_is_an_error_not_a_hang(tmp_path):
 
 
 def test_learning_rate_is_one_check_for_trainconfig_and_tune_grids():
-    from lab.experiments.aware.finetune import TrainConfig
-    from lab.experiments.aware.tune import check_grids
+    from lab.experiments.aware.run.finetune import TrainConfig
+    from lab.experiments.aware.run.tune import check_grids
 
     for bad in (float("nan"), float("inf"), 0.0):
         with pytest.raises(ValueError, match="must be a finite number > 0"):

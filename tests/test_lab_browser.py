@@ -78,7 +78,7 @@ def _write_panel_notebook(folder: Path) -> None:
 
     nb = nbf.v4.new_notebook()
     nb.cells = [nbf.v4.new_markdown_cell("Notebook 04's panels on the shipped study."),
-                nbf.v4.new_code_cell("from lab.experiments.aware import study_views\n"
+                nbf.v4.new_code_cell("from lab.experiments.aware.views import study as study_views\n"
                                      "from lab.widgets.aware import MaskPanel, RunsPanel\n"
                                      f"study = study_views.load_study({str(ROOT / 'results' / 'aware')!r})"),
                 nbf.v4.new_code_cell("RunsPanel(study)"),

@@ -76,7 +76,7 @@ def test_wheel_holds_every_data_file(installed):
 def test_installed_lab_comes_from_the_wheel_and_reads_its_data(installed):
     probe = ("import json, lab\n"
              "from lab.data.datasets import load_dataset\n"
-             "from lab.experiments.aware.tasks import probe\n"
+             "from lab.experiments.aware.run.tasks import probe\n"
              "from lab.report.pipeline import TEMPLATES, TEMPLATE\n"
              "ds = load_dataset('fashion_mnist_mini')\n"  # checks the packaged file's sha256
              "print(json.dumps({'lab': lab.__file__, 'mini': [len(ds.train), len(ds.test)],\n"

@@ -205,12 +205,12 @@ def test_the_plugin_rule_runs_in_an_ablation_sweep(template, monkeypatch, tmp_pa
     from test_aware_ablate import WORDS, toy
 
     from lab import cli
-    from lab.experiments.aware import ablate
+    from lab.experiments.aware.run import ablate
     from lab.experiments.aware import cli as aware_cli
-    from lab.experiments.aware.context import Context
-    from lab.experiments.aware.prompts import ChatEncoder
-    from lab.experiments.aware.tasks import Task
-    from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
+    from lab.experiments.aware.run.context import Context
+    from lab.experiments.aware.run.prompts import ChatEncoder
+    from lab.experiments.aware.run.tasks import Task
+    from lab.experiments.aware.run.tiny import tiny_minillava, tiny_tokenizer
 
     args = cli.build_parser().parse_args(["aware", "ablate", "--size", "smoke", "--rules", "activation-x-weight"])
     aware_cli._check_rules(args)

@@ -121,13 +121,13 @@ def compute_tosca_real(runs_root) -> dict:
 
 def compute_aware() -> dict:
     from lab.aware.config import AwareConfig
-    from lab.experiments.aware.profiling import calibration_batches
+    from lab.experiments.aware.run.profiling import calibration_batches
     from lab.aware.methods import MethodSpec, finish, method_names, prepare
-    from lab.experiments.aware.finetune import TrainConfig, evaluate, iterate, train
-    from lab.experiments.aware.prompts import ChatEncoder
+    from lab.experiments.aware.run.finetune import TrainConfig, evaluate, iterate, train
+    from lab.experiments.aware.run.prompts import ChatEncoder
     from lab.aware.saliency import profile
-    from lab.experiments.aware.tasks import QASet
-    from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
+    from lab.experiments.aware.run.tasks import QASet
+    from lab.experiments.aware.run.tiny import tiny_minillava, tiny_tokenizer
 
     colors = ("red", "blue", "dark green", "teal blue green")
     questions = ("what color is the shape ?", "which color ?")
@@ -165,7 +165,7 @@ def compute_aware() -> dict:
 
 def compute_continual_summary() -> dict:
     """AWARe's continual summary on a fixed set of rows (reports show these numbers)."""
-    from lab.experiments.aware.continual import summarise
+    from lab.experiments.aware.run.continual import summarise
 
     order = ("a", "b", "c")
     acc = {(0, "a"): 0.6, (1, "a"): 0.5, (1, "b"): 0.7, (2, "a"): 0.45, (2, "b"): 0.65, (2, "c"): 0.8}

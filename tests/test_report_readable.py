@@ -78,8 +78,8 @@ def test_category_labels_that_would_collide_are_wrapped_in_the_continual_figure(
     legend); the figure wraps them to the room of their stage and keeps them level, and still fits."""
     import pandas as pd
 
-    from lab.experiments.aware import study_views
-    from lab.experiments.aware.study_views import category_tick_problems
+    from lab.experiments.aware.views import study as study_views
+    from lab.experiments.aware.views.study import category_tick_problems
 
     tasks = ["fashion-mnist questions", "handwritten digits", "even or odd digit", "shapes in colour",
              "letters of the alphabet"]

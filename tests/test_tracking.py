@@ -182,8 +182,8 @@ def test_aware_finetune_logs_the_loss_per_step(mlflow_store):
     import mlflow
 
     from lab import tracking
-    from lab.experiments.aware import tracked
-    from lab.experiments.aware.context import SIZES
+    from lab.experiments.aware.study import tracked
+    from lab.experiments.aware.run.context import SIZES
 
     t = tracking.start("mlflow", "lab aware finetune")
     log = {"losses": [3.0, 2.5, 2.25], "step_seconds": [0.1, 0.1, 0.2]}
@@ -210,7 +210,7 @@ def test_aware_ablate_and_study_log_a_summary_run_with_one_child_per_variant_and
     import pandas as pd
 
     from lab import tracking
-    from lab.experiments.aware import tracked
+    from lab.experiments.aware.study import tracked
 
     rows = [{"group": "methods", "variant": v, "method": v, "seed": s, "task": "fashion", "downstream": d,
              "up_easy_vqa": 0.4, "up_probe": 0.5, "R": 90.0 + s, "E": 50.0, "H": 64.0, "trainable_frac": 0.1}

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("ipywidgets")
 
-from lab.experiments.aware import tables  # noqa: E402
+from lab.experiments.aware.study import profile_tables as tables  # noqa: E402
 from lab.widgets import BUSY_CLASS  # noqa: E402
 from lab.widgets.aware import AblationPanel, MaskPanel, RunsPanel  # noqa: E402
 

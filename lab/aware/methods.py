@@ -9,7 +9,7 @@ Every method honours one contract (a subclass of :class:`Method`, registered by 
 
 :func:`prepare` freezes every parameter first, so an entry only switches on what trains (and at
 which learning rate: ``cfg`` is the optimisation recipe, anything with the fields ``lr``,
-``lr_projector``, ``lr_adapter`` and ``aware_lr`` of :class:`lab.experiments.aware.finetune.TrainConfig`);
+``lr_projector``, ``lr_adapter`` and ``aware_lr`` of :class:`lab.experiments.aware.run.finetune.TrainConfig`);
 it then counts ``(trainable, total)`` into ``info``. The built-in entries:
 
 - ``zero-shot``: nothing trains.

@@ -9,7 +9,7 @@ NB = "03_aware_saliency"
 
 
 def _frozen_pct(masks, target: str) -> float:
-    from lab.experiments.aware import tables
+    from lab.experiments.aware.study import profile_tables as tables
 
     return 100 * float(tables.frozen_by_target({"m": masks})["m"][target])
 

@@ -44,13 +44,13 @@ class ParamsError(ValueError):
 
 
 def _aware_sizes() -> list[str]:
-    from lab._names import AWARE_SIZES   # the names only (lab.experiments.aware.context.SIZES holds the sizes)
+    from lab._names import AWARE_SIZES   # the names only (lab.experiments.aware.run.context.SIZES holds the sizes)
 
     return list(AWARE_SIZES)
 
 
 def _aware_presets() -> list[str]:
-    from lab._names import AWARE_PRESETS   # the names only (lab.experiments.aware.plan.PRESETS holds the configs)
+    from lab._names import AWARE_PRESETS   # the names only (lab.experiments.aware.study.plan.PRESETS holds the configs)
 
     return list(AWARE_PRESETS)
 

@@ -19,7 +19,7 @@ TARGET_SETS = ("qkv+projector", "qkv", "qkv+projector+mlp")
 
 
 class MaskPanel(Panel):
-    """``study``: a :class:`lab.experiments.aware.study.Study`. The reference selection (for the overlap read-out)
+    """``study``: a :class:`lab.experiments.aware.study.profiles.Study`. The reference selection (for the overlap read-out)
     is the paper's setting: rho=0.3, activation-global, q/k/v+projector, first calibration profile."""
 
     title = "Re-select AWARe's frozen rows: rho, rule, calibration set, targets"
@@ -28,7 +28,7 @@ class MaskPanel(Panel):
                  targets: str = "qkv+projector", show: str = "q_proj", layer: int = 0, seed: int = 0, runs=None):
         import ipywidgets as w
 
-        from lab.experiments.aware.tables import layer_table
+        from lab.experiments.aware.study.profile_tables import layer_table
 
         self.study, self.seed, self.runs = study, seed, runs
         profile = profile or study.labels[0]
@@ -48,10 +48,10 @@ class MaskPanel(Panel):
 
     @classmethod
     def from_study(cls, study: dict, **kw) -> "MaskPanel":
-        """The panel on a ``lab aware study`` folder (:func:`lab.experiments.aware.study_views.load_study`):
+        """The panel on a ``lab aware study`` folder (:func:`lab.experiments.aware.views.study.load_study`):
         its stored saliency profiles and row norms, and its finished runs (``runs.csv``), so the status
         line says what the study measured for the selection shown."""
-        from lab.experiments.aware.study import Study
+        from lab.experiments.aware.study.profiles import Study
 
         return cls(Study.load(study["path"]), runs=study.get("runs"), **kw)
 
@@ -72,7 +72,8 @@ class MaskPanel(Panel):
 
     def compute(self, rho, rule, profile, targets, show, layer):
         from lab.aware.masking import frozen_fraction
-        from lab.experiments.aware import figures, tables
+        from lab.experiments.aware.views import figures
+        from lab.experiments.aware.study import profile_tables as tables
         from lab.aware.metrics import mask_overlap
 
         masks = self.study.select(profile, rho, rule, targets, seed=self.seed)
@@ -156,7 +157,7 @@ def _measured(runs, rule, rho, targets, profile) -> dict | None:
 
 class RunsPanel(Panel):
     """Browse a study's finished runs (``runs.csv`` of ``lab aware study``; ``study``: the dict of
-    :func:`lab.experiments.aware.study_views.load_study`, or the runs table itself): pick a group of
+    :func:`lab.experiments.aware.views.study.load_study`, or the runs table itself): pick a group of
     variants and a measure; one line per variant over the learning-rate scales, the mean over the
     finished seeds (hover: how many). With no finished run the panel says so and its pickers are off."""
 
@@ -197,7 +198,7 @@ class RunsPanel(Panel):
     def compute(self, group, metric, precision):
         import plotly.graph_objects as go
 
-        from lab.experiments.aware import study_views as V
+        from lab.experiments.aware.views import study as V
 
         label = self.METRICS.get(metric, metric)
         result = {"group": group, "metric": metric, "precision": precision, "runs": 0, "variants": 0,
@@ -249,7 +250,7 @@ class RunsPanel(Panel):
 
 
 class AblationPanel(Panel):
-    """``results``: the tidy table of :func:`lab.experiments.aware.ablate.sweep` (or a saved run's):
+    """``results``: the tidy table of :func:`lab.experiments.aware.run.ablate.sweep` (or a saved run's):
     pick an ablation group and a metric; one bar per variant, the mean over seeds. (Re-selecting the
     frozen rows on a run's saliency is :class:`MaskPanel`'s job.)"""
 
@@ -272,7 +273,7 @@ class AblationPanel(Panel):
 
     @classmethod
     def from_run(cls, run: dict, **kw) -> "AblationPanel":
-        """The panel for a run of :func:`lab.experiments.aware.ablation_views.run_sweep` / ``load_run``: its
+        """The panel for a run of :func:`lab.experiments.aware.views.ablation.run_sweep` / ``load_run``: its
         results table (its stored saliency: ``MaskPanel(Study.load(run["run_dir"]))``)."""
         return cls(run["results"], **kw)
 
@@ -281,7 +282,7 @@ class AblationPanel(Panel):
 
     def compute(self, group, metric):
         from lab import plots
-        from lab.experiments.aware.ablation_views import summary
+        from lab.experiments.aware.views.ablation import summary
 
         pct = metric in ("R", "E", "H")
         if self.empty:              # nothing to draw: the status line says so

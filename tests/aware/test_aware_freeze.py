@@ -8,7 +8,7 @@ from torch import nn
 from lab.aware.freeze import RowSplitLinear, apply, merge, trainable_parameters
 from lab.aware.masking import select
 from lab.aware.targets import find_targets
-from lab.experiments.aware.tiny import tiny_llama
+from lab.experiments.aware.run.tiny import tiny_llama
 
 MASK = torch.tensor([True, False, True, True, False, False, True, False])   # True = retained (frozen)
 

@@ -50,10 +50,10 @@ def _tiny():
     """The tiny random mini-LLaVA and one training batch of two image questions."""
     import numpy as np
 
-    from lab.experiments.aware.finetune import iterate
-    from lab.experiments.aware.prompts import ChatEncoder
-    from lab.experiments.aware.tasks import QASet
-    from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
+    from lab.experiments.aware.run.finetune import iterate
+    from lab.experiments.aware.run.prompts import ChatEncoder
+    from lab.experiments.aware.run.tasks import QASet
+    from lab.experiments.aware.run.tiny import tiny_minillava, tiny_tokenizer
 
     tok = tiny_tokenizer(["what", "color", "?", "red", "blue"])
     qa = QASet("toy", ["what color ?"] * 2, ["red", "blue"], [("red", "blue")] * 2, np.arange(2),
@@ -67,7 +67,7 @@ def _saliency(model, targets="qkv+projector"):
 
 
 def _check_method(name, rule="activation-global"):
-    from lab.experiments.aware.scoring import answer_loss
+    from lab.experiments.aware.run.scoring import answer_loss
 
     base, batch = _tiny()
     spec = MethodSpec(name, AwareConfig(rho=0.3, rule=rule))

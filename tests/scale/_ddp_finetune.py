@@ -12,10 +12,10 @@ from _toy import TRAIN, toy_context  # noqa: E402
 
 from lab._io import save_tensors, write_json  # noqa: E402
 from lab.aware.methods import MethodSpec  # noqa: E402
-from lab.experiments.aware import distributed  # noqa: E402
-from lab.experiments.aware.ablate import Variant, run_variant  # noqa: E402
-from lab.experiments.aware.context import MAIN, upstream  # noqa: E402
-from lab.experiments.aware.profiling import calibration_batches  # noqa: E402
+from lab.experiments.aware.run import distributed  # noqa: E402
+from lab.experiments.aware.run.ablate import Variant, run_variant  # noqa: E402
+from lab.experiments.aware.run.context import MAIN, upstream  # noqa: E402
+from lab.experiments.aware.run.profiling import calibration_batches  # noqa: E402
 
 
 def main(out: Path) -> None:

@@ -10,7 +10,7 @@ WORDS = ["red", "blue", "green", "yes", "no", "what", "color", "is", "it", "?", 
 
 
 def toy(n, seed, text=False):
-    from lab.experiments.aware.tasks import QASet
+    from lab.experiments.aware.run.tasks import QASet
 
     g = np.random.RandomState(seed)
     opts = ("red", "blue", "green")
@@ -23,10 +23,10 @@ def toy(n, seed, text=False):
 
 def toy_context(**size_over):
     """The tiny model, its encoder and toy tasks as a sweep :class:`Context` (``size_over``: Size fields)."""
-    from lab.experiments.aware.context import SIZES, Context
-    from lab.experiments.aware.prompts import ChatEncoder
-    from lab.experiments.aware.tasks import Task
-    from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
+    from lab.experiments.aware.run.context import SIZES, Context
+    from lab.experiments.aware.run.prompts import ChatEncoder
+    from lab.experiments.aware.run.tasks import Task
+    from lab.experiments.aware.run.tiny import tiny_minillava, tiny_tokenizer
 
     tok = tiny_tokenizer(WORDS)
     size = replace(SIZES["smoke"], n_calib=8, calib_sizes=(4,), **size_over)
@@ -37,7 +37,7 @@ def toy_context(**size_over):
 
 
 def _train():
-    from lab.experiments.aware.finetune import TrainConfig
+    from lab.experiments.aware.run.finetune import TrainConfig
 
     # lrs large enough that 4 steps move the weights far beyond the comparison's float tolerance
     return TrainConfig(steps=4, batch_size=8, lr=1e-2, lr_aware=1e-2, lr_projector=1e-2, warmup=0.0)

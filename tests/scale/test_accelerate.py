@@ -41,9 +41,9 @@ def one_process():
 
     from lab.aware.methods import MethodSpec
     from lab.aware.saliency import profile
-    from lab.experiments.aware.ablate import Variant, run_variant
-    from lab.experiments.aware.context import MAIN, upstream
-    from lab.experiments.aware.profiling import calibration_batches
+    from lab.experiments.aware.run.ablate import Variant, run_variant
+    from lab.experiments.aware.run.context import MAIN, upstream
+    from lab.experiments.aware.run.profiling import calibration_batches
 
     old = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -148,7 +148,7 @@ def test_fsdp_is_refused_in_one_line(monkeypatch):
     import accelerate
     from accelerate.utils import DistributedType
 
-    from lab.experiments.aware import distributed
+    from lab.experiments.aware.run import distributed
 
     class FakeAccelerator:                       # what accelerate launch --config_file fsdp.yaml gives on GPUs
         distributed_type = DistributedType.FSDP

@@ -156,7 +156,7 @@ def test_aware_sweep_on_ray_gives_the_local_tables_and_masks(two_workers, one_th
     from _toy import toy_context
 
     from lab._io import load_tensors
-    from lab.experiments.aware import ablate
+    from lab.experiments.aware.run import ablate
 
     ctx = toy_context(rhos=(0.0, 0.3), continual_methods=())
     kw = dict(seeds=(0, 1), groups=("methods", "rho"), progress=False)
@@ -177,8 +177,8 @@ def test_aware_sweep_on_ray_gives_the_local_tables_and_masks(two_workers, one_th
 def test_aware_tune_on_ray_gives_the_local_tables(two_workers, one_thread, tmp_path, monkeypatch):
     from _toy import toy, toy_context
 
-    from lab.experiments.aware import tune
-    from lab.experiments.aware.tasks import Task
+    from lab.experiments.aware.run import tune
+    from lab.experiments.aware.run.tasks import Task
 
     ctx = toy_context()
     monkeypatch.setattr(tune, "validation_context", lambda c, task, n_val, **kw: replace(

@@ -158,7 +158,7 @@ def executor_args(q) -> None:
 
 STEPS_MAX = 1_000_000      # --steps (the shipped study: 64 per run)
 SAMPLES_MAX = 1_000_000    # --n, --n-val (calibration / validation questions)
-PROBE_MAX = 320            # the packaged text probe's questions (lab/experiments/aware/tasks.py)
+PROBE_MAX = 320            # the packaged text probe's questions (lab/experiments/aware/run/tasks.py)
 
 
 def check_common(args, *, cheap_only: bool = False) -> None:
@@ -174,7 +174,7 @@ def check_common(args, *, cheap_only: bool = False) -> None:
         raise V.BadInput(f"$WORLD_SIZE {os.environ['WORLD_SIZE']}: one of several launched processes; only "
                          f"`lab aware finetune` runs under accelerate launch (sweeps: --executor ray)")
     if action == "finetune" and int(os.environ.get("WORLD_SIZE", "1")) > 1:   # launched: its environment first
-        from lab.experiments.aware.distributed import launch_env
+        from lab.experiments.aware.run.distributed import launch_env
 
         launch_env()
     check_cache_dir(args.cache_dir)
@@ -199,7 +199,7 @@ def check_model_args(args) -> None:
     _size(args)
     _check_set_sizes(args)
     if args.model is not None:
-        from lab.experiments.aware.hub_llava import check
+        from lab.experiments.aware.run.hub_llava import check
 
         check(args.model)
 
@@ -216,7 +216,7 @@ def _check_set_sizes(args) -> None:
             raise V.bad("--n-easy-eval", args.n_easy_eval, f"easy-VQA has {most} test questions: give 1..{most}")
     if getattr(args, "n_eval", None) is not None:
         from lab.data import dataset_info
-        from lab.experiments.aware.tasks import TEMPLATES
+        from lab.experiments.aware.run.tasks import TEMPLATES
 
         tasks = [args.task] if getattr(args, "task", None) else list(TEMPLATES)
         for t in tasks:
@@ -252,7 +252,7 @@ def _check_n_val(args, size) -> None:
 
     from lab import _validate as V
     from lab.data import dataset_info
-    from lab.experiments.aware.tasks import TEMPLATES, unseen_image_index
+    from lab.experiments.aware.run.tasks import TEMPLATES, unseen_image_index
 
     down = dataset_info(TEMPLATES[args.task][0])["train"] - size.n_train
     easy = len(unseen_image_index(easy_vqa.get_train_questions()[2], size.n_align, 10**9, seed=0))
@@ -267,7 +267,7 @@ def _size(args):
     """The preset with any training overrides from the command line (validated by TrainConfig)."""
     from dataclasses import replace
 
-    from lab.experiments.aware.context import SIZES
+    from lab.experiments.aware.run.context import SIZES
 
     size = SIZES[args.size]
     keys = ("steps", "lr", "lr_aware", "lr_projector", "lr_adapter", "batch_size")
@@ -278,7 +278,7 @@ def _size(args):
     return replace(size, train=replace(size.train, **over), **sets) if over or sets else size
 
 
-REFERENCE_RULE = "activation-global"      # lab.experiments.aware.context.MAIN.rule (no torch here)
+REFERENCE_RULE = "activation-global"      # lab.experiments.aware.run.context.MAIN.rule (no torch here)
 
 
 def _check_rules(args, flag: str = "--rules", already: tuple[str, ...] = ()) -> None:
@@ -312,7 +312,7 @@ def _ablate_groups(args) -> tuple[str, ...] | None:
 
 
 def _ctx(args):
-    from lab.experiments.aware.context import setup
+    from lab.experiments.aware.run.context import setup
 
     size = _size(args)          # bad overrides fail here, before any model is loaded
     _threads()
@@ -324,13 +324,13 @@ def cmd_profile(args) -> int:
     from dataclasses import replace
 
     from lab import runs
-    from lab.experiments.aware import tasks
+    from lab.experiments.aware.run import tasks
     from lab import _validate as V
     from lab.aware.saliency import profile
-    from lab.experiments.aware.ablate import _save_saliency
-    from lab.experiments.aware.checks import check_targets
-    from lab.experiments.aware.context import setup
-    from lab.experiments.aware.profiling import calibration_batches
+    from lab.experiments.aware.run.ablate import _save_saliency
+    from lab.experiments.aware.run.checks import check_targets
+    from lab.experiments.aware.run.context import setup
+    from lab.experiments.aware.run.profiling import calibration_batches
 
     check_common(args)              # everything before any model is loaded
     pool = _size(args).n_align      # upstream calibration draws from the alignment questions
@@ -394,22 +394,22 @@ def cmd_finetune(args) -> int:
     from lab.aware.config import AwareConfig
     from lab.aware.methods import MethodSpec, reference_method, uses_saliency
     from lab.aware.saliency import profile
-    from lab.experiments.aware.ablate import Variant, run_variant
-    from lab.experiments.aware.checks import check_targets
-    from lab.experiments.aware.context import MAIN, upstream
-    from lab.experiments.aware.profiling import calibration_batches
+    from lab.experiments.aware.run.ablate import Variant, run_variant
+    from lab.experiments.aware.run.checks import check_targets
+    from lab.experiments.aware.run.context import MAIN, upstream
+    from lab.experiments.aware.run.profiling import calibration_batches
 
     check_model_args(args)
     check_targets(args.targets, model=args.model)     # last: it builds the model's skeleton (a few seconds)
     aware = AwareConfig(rho=args.rho, rule=args.rule, targets=args.targets)   # validates before work
     from lab import tracking
-    from lab.experiments.aware import tracked
-    from lab.experiments.aware.finetune import train
+    from lab.experiments.aware.study import tracked
+    from lab.experiments.aware.run.finetune import train
 
     track = tracking.start(args.track, "lab aware finetune")    # mlflow imports, its store opens
     from contextlib import nullcontext
 
-    from lab.experiments.aware import distributed
+    from lab.experiments.aware.run import distributed
 
     dist = distributed.session(args.device)     # None in one process; under `accelerate launch`: DDP, rank 0 writes
     if dist:
@@ -456,7 +456,7 @@ def cmd_ablate(args) -> int:
 
     _check_rules(args)          # before the checks that import torch: a typo answers at once
     check_common(args)
-    from lab.experiments.aware.ablate import summary, sweep
+    from lab.experiments.aware.run.ablate import summary, sweep
 
     for s in args.seeds or ():
         V.seed("--seeds", s)
@@ -464,7 +464,7 @@ def cmd_ablate(args) -> int:
     _run_dir_check(args)
     executors.check_arguments(args)
     from lab import tracking
-    from lab.experiments.aware import tracked
+    from lab.experiments.aware.study import tracked
 
     track = tracking.start(args.track, "lab aware ablate")    # mlflow imports, its store opens
     ctx = _ctx(args)            # its Size carries --rules
@@ -522,8 +522,8 @@ def _grids(specs) -> dict | None:
 def cmd_tune(args) -> int:
     from lab import _validate as V
     from lab import executors
-    from lab.experiments.aware.context import setup
-    from lab.experiments.aware.tune import check_grids, default_grids, flags, tune
+    from lab.experiments.aware.run.context import setup
+    from lab.experiments.aware.run.tune import check_grids, default_grids, flags, tune
 
     check_common(args)
     grids = check_grids(_grids(args.grid) or default_grids())     # bad grids fail here, before any model is loaded
@@ -557,7 +557,7 @@ def cmd_study(args) -> int:
 
     from lab import _validate as V
     from lab._validate import check_cache_dir
-    from lab.experiments.aware.plan import PRESETS
+    from lab.experiments.aware.study.plan import PRESETS
 
     check_cache_dir(args.cache_dir)
     V.device("--device", args.device)
@@ -584,11 +584,11 @@ def cmd_study(args) -> int:
     V.out_dir("--out", out)
     _refuse_other_study(out, cfg, args.replace)
     from lab import tracking
-    from lab.experiments.aware import tracked
+    from lab.experiments.aware.study import tracked
 
     track = tracking.start(args.track, "lab aware study")    # mlflow imports, its store opens
     _threads()
-    from lab.experiments.aware.shipped import run_study
+    from lab.experiments.aware.study.shipped import run_study
 
     res = run_study(cfg, out, command="lab " + shlex.join(sys.argv[1:]), cache_dir=args.cache_dir, device=args.device,
                     progress=not args.quiet, executor=args.executor, address=args.address, workers=args.workers,
@@ -645,7 +645,7 @@ def _refuse_preset_mismatch(out, preset: str) -> None:
 
     from lab import _validate as V
     from lab._io import read_json
-    from lab.experiments.aware.plan import PRESETS
+    from lab.experiments.aware.study.plan import PRESETS
 
     f = out / "manifest.json"
     if not f.is_file():
@@ -665,7 +665,7 @@ def cmd_check(args) -> int:
 
     from lab import _validate as V
     from lab._validate import check_cache_dir
-    from lab.experiments.aware.plan import PRESETS
+    from lab.experiments.aware.study.plan import PRESETS
 
     check_cache_dir(args.cache_dir)
     V.device("--device", args.device)
@@ -676,8 +676,8 @@ def cmd_check(args) -> int:
         raise V.bad("--out", args.out, "holds no study runs (no runs/ folder); run `lab aware study` first")
     _refuse_preset_mismatch(out, args.preset)
     _threads()
-    from lab.experiments.aware import runner
-    from lab.experiments.aware.study_views import seed_caches
+    from lab.experiments.aware.study import runner
+    from lab.experiments.aware.views.study import seed_caches
 
     seed_caches(out, args.cache_dir)
     env = runner.build_env(PRESETS[args.preset], cache_dir=args.cache_dir, device=args.device,

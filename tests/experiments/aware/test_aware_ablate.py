@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from lab.experiments.aware import ablate
-from lab.experiments.aware.context import SIZES, Context
-from lab.experiments.aware.prompts import ChatEncoder
-from lab.experiments.aware.tasks import QASet, Task
-from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
+from lab.experiments.aware.run import ablate
+from lab.experiments.aware.run.context import SIZES, Context
+from lab.experiments.aware.run.prompts import ChatEncoder
+from lab.experiments.aware.run.tasks import QASet, Task
+from lab.experiments.aware.run.tiny import tiny_minillava, tiny_tokenizer
 
 WORDS = ["red", "blue", "green", "yes", "no", "what", "color", "is", "it", "?", "capital", "Paris", "Rome"]
 
@@ -73,7 +73,7 @@ def test_sweep_writes_tidy_tables_tensors_and_config(ctx, tmp_path):
     t, meta = load_tensors(tmp_path / "saliency_upstream_8.safetensors")
     assert t["matrix"].shape[0] == len(json.loads(meta["layers"]))
     assert len(ablate.summary(res)) >= 10
-    from lab.experiments.aware.results import load_run
+    from lab.experiments.aware.study.results import load_run
 
     back = load_run(tmp_path)
     assert len(back["results"]) == len(res) and "upstream_8" in back["saliency"]

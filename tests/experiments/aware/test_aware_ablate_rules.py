@@ -19,9 +19,9 @@ def test_an_unknown_rule_is_refused_at_once_with_the_valid_names():
 
 def test_the_rules_given_are_the_rule_group_of_the_sweep():
     from lab import cli
-    from lab.experiments.aware import ablate
+    from lab.experiments.aware.run import ablate
     from lab.experiments.aware import cli as aware_cli
-    from lab.experiments.aware.context import MAIN, SIZES
+    from lab.experiments.aware.run.context import MAIN, SIZES
 
     assert aware_cli.REFERENCE_RULE == MAIN.rule
     parser = cli.build_parser()

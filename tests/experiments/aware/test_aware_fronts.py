@@ -1,9 +1,9 @@
-"""Learning-rate fronts read at matched levels (lab.experiments.aware.fronts)."""
+"""Learning-rate fronts read at matched levels (lab.experiments.aware.study.fronts)."""
 import math
 
 import numpy as np
 
-from lab.experiments.aware import fronts as F
+from lab.experiments.aware.study import fronts as F
 
 
 def test_pareto_keeps_the_non_dominated_points_in_order():

@@ -12,11 +12,13 @@ import torch
 
 from lab.aware.config import AwareConfig
 from lab.aware.methods import MethodSpec, prepare
-from lab.experiments.aware import finetune, plan, study_tables, study_views
-from lab.experiments.aware.finetune import TrainConfig, evaluate, strictly_best
-from lab.experiments.aware.prompts import ChatEncoder
-from lab.experiments.aware.tasks import QASet, probe, shuffled_options
-from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
+from lab.experiments.aware.run import finetune
+from lab.experiments.aware.study import plan, tables as study_tables
+from lab.experiments.aware.views import study as study_views
+from lab.experiments.aware.run.finetune import TrainConfig, evaluate, strictly_best
+from lab.experiments.aware.run.prompts import ChatEncoder
+from lab.experiments.aware.run.tasks import QASet, probe, shuffled_options
+from lab.experiments.aware.run.tiny import tiny_minillava, tiny_tokenizer
 
 COLORS = ("red", "blue", "dark green", "teal blue green")
 
@@ -132,7 +134,7 @@ def test_a_diverged_point_is_reported_as_diverged_and_not_learned():
 def test_a_damaged_probe_file_is_one_line_naming_it(tmp_path):
     from lab import cli
     from lab._io import CorruptFile
-    from lab.experiments.aware import tasks
+    from lab.experiments.aware.run import tasks
 
     good = tasks.PROBE_FILE.read_text()
     for name, text in (("truncated", good[:300]), ("a list", "[]"), ("no items", '{"items": [{"q": 1}]}')):

@@ -7,14 +7,14 @@ import torch
 
 from lab.aware.config import AwareConfig
 from lab.aware.methods import MethodSpec, finish, matched_lora_rank, prepare
-from lab.experiments.aware.finetune import TrainConfig, evaluate, iterate, train
+from lab.experiments.aware.run.finetune import TrainConfig, evaluate, iterate, train
 from lab.aware.freeze import RowSplitLinear
-from lab.experiments.aware.minillava import MiniLlava
-from lab.experiments.aware.prompts import ChatEncoder, Encoded
+from lab.experiments.aware.run.minillava import MiniLlava
+from lab.experiments.aware.run.prompts import ChatEncoder, Encoded
 from lab.aware.saliency import profile
-from lab.experiments.aware.scoring import answer_loss, forward, model_inputs, option_scores
-from lab.experiments.aware.tasks import QASet, QuestionTemplate, calibration, exact_match
-from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
+from lab.experiments.aware.run.scoring import answer_loss, forward, model_inputs, option_scores
+from lab.experiments.aware.run.tasks import QASet, QuestionTemplate, calibration, exact_match
+from lab.experiments.aware.run.tiny import tiny_minillava, tiny_tokenizer
 
 COLORS = ("red", "blue", "dark green", "teal blue green")
 QUESTIONS = ("what color is the shape ?", "which color ?")
@@ -188,8 +188,8 @@ def test_projector_cache_key_is_identity_not_float_values():
     with the CPU thread count, so a cached projector was silently re-aligned (15+ minutes)."""
     from dataclasses import replace
 
-    from lab.experiments.aware.tasks import Task
-    from lab.experiments.aware.upstream import AlignConfig, _key
+    from lab.experiments.aware.run.tasks import Task
+    from lab.experiments.aware.run.upstream import AlignConfig, _key
 
     qa = replace(qaset(12), source="efficientnet_lite0-abc")
     key = _key(AlignConfig(), "smollm2", Task("easy_vqa", qa, qa), 2)
@@ -215,7 +215,7 @@ def test_aware_can_have_its_own_language_model_lr(tok):
 
 
 def test_unreachable_checkpoints_say_what_to_do(tmp_path):
-    from lab.experiments.aware.minillava import load_hub_llava, load_language_model
+    from lab.experiments.aware.run.minillava import load_hub_llava, load_language_model
 
     with pytest.raises(RuntimeError, match="packaged default"):
         load_language_model(str(tmp_path))                 # an empty folder: no config.json

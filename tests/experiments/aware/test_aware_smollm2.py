@@ -13,13 +13,13 @@ def smol(smollm2_in_cache):
     # The user's cache, shared with the other tests (conftest.smollm2_in_cache): in a cold cache (CI,
     # a fresh clone) the run's first load goes through the GGUF path and writes the plain checkpoint
     # every later load reads, so a test run de-quantises the GGUF once.
-    from lab.experiments.aware.minillava import load_language_model
+    from lab.experiments.aware.run.minillava import load_language_model
 
     return load_language_model()
 
 
 def test_the_first_load_leaves_a_plain_checkpoint_in_the_cache(smol):
-    from lab.experiments.aware.minillava import SMOLLM2, cache_root
+    from lab.experiments.aware.run.minillava import SMOLLM2, cache_root
 
     plain = cache_root() / "models" / SMOLLM2
     assert (plain / "model.safetensors").is_file() and (plain / "tokenizer_config.json").is_file()
@@ -33,7 +33,7 @@ def test_smollm2_is_a_standard_llama(smol, tmp_path):
 
 
 def test_chat_format_image_slots_and_answer(smol):
-    from lab.experiments.aware.prompts import ChatEncoder
+    from lab.experiments.aware.run.prompts import ChatEncoder
 
     tok, _ = smol
     enc = ChatEncoder(tok, 4)
@@ -48,12 +48,12 @@ def test_chat_format_image_slots_and_answer(smol):
 def test_aware_step_on_minillava_and_checkpoint(smol, tmp_path):
     from lab.aware.config import AwareConfig
     from lab.aware.methods import MethodSpec, finish, prepare
-    from lab.experiments.aware.finetune import TrainConfig, iterate, train
-    from lab.experiments.aware.minillava import MiniLlava
-    from lab.experiments.aware.prompts import ChatEncoder
+    from lab.experiments.aware.run.finetune import TrainConfig, iterate, train
+    from lab.experiments.aware.run.minillava import MiniLlava
+    from lab.experiments.aware.run.prompts import ChatEncoder
     from lab.aware.saliency import profile
-    from lab.experiments.aware.scoring import model_inputs
-    from lab.experiments.aware.tasks import QASet
+    from lab.experiments.aware.run.scoring import model_inputs
+    from lab.experiments.aware.run.tasks import QASet
 
     import numpy as np
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lab.experiments.aware import plan, runner, shipped
+from lab.experiments.aware.study import plan, runner, shipped
 
 
 def _records(rows, seed=100):
@@ -171,7 +171,7 @@ def test_status_lists_finished_and_missing_runs(smoke_study, tmp_path):
 
 
 def test_study_views_fill_every_section(smoke_study):
-    from lab.experiments.aware import study_views
+    from lab.experiments.aware.views import study as study_views
 
     res, cache, out = smoke_study
     st = study_views.load_study(out)
@@ -195,9 +195,24 @@ def test_changed_sources_are_reported(smoke_study, tmp_path):
     man["sources"] = {**man["sources"], "files": files}
     assert shipped.changed_sources(man) == [k]
     files2 = {**files, k: res["manifest"]["sources"]["files"][k],
-              next(f for f in files if f.endswith("study_views.py")): "0" * 64,
-              next(f for f in files if f.endswith("study_tables.py")): "0" * 64}
-    assert shipped.changed_sources({"sources": {"files": files2}}) == []    # tables and views do not count
+              next(f for f in files if f.endswith("views/study.py")): "0" * 64,
+              next(f for f in files if f.endswith("study/tables.py")): "0" * 64}
+    hashed = man["sources"]["hashed"]
+    assert shipped.changed_sources({"sources": {"files": files2, "hashed": hashed}}) == []   # tables, views: no
+    # a manifest written before the layout by concept (flat file names, ``not_hashed``): a file it
+    # hashed that is gone now counts as changed, one it did not hash does not
+    old = {**files2, "lab/experiments/aware/plan.py": "1" * 64, "lab/experiments/aware/study_views.py": "2" * 64}
+    got = shipped.changed_sources({"sources": {"files": old, "not_hashed": ["study_views.py", "__init__.py"]}})
+    assert "lab/experiments/aware/plan.py" in got and "lab/experiments/aware/study_views.py" not in got
+
+
+def test_the_source_hash_is_the_code_that_determines_a_run():
+    """Every file of lab/aware and of run/, and the study files that decide what runs; no view, no
+    table, no command line."""
+    hashed = shipped.source_hashes()["hashed"]
+    assert "lab/experiments/aware/run/finetune.py" in hashed and "lab/aware/masking.py" in hashed
+    assert {f"lab/experiments/aware/study/{n}" for n in shipped.STUDY_COMPUTING} <= set(hashed)
+    assert not [f for f in hashed if "/views/" in f or f.endswith(("cli.py", "study/tables.py", "shipped.py"))]
 
 
 def test_a_new_method_is_one_registry_entry_and_appears_in_a_study(tmp_path):
@@ -221,7 +236,7 @@ def test_a_new_method_is_one_registry_entry_and_appears_in_a_study(tmp_path):
         res = shipped.run_study(cfg, tmp_path / "s", command="test", cache_dir=tmp_path / "c", progress=False)
         assert "methods/toy-projector" in set(res["fronts"].variant)
         assert set(res["tuning"][res["tuning"].variant == "methods/toy-projector"].scale) == set(cfg.scales)
-        from lab.experiments.aware import tune
+        from lab.experiments.aware.run import tune
 
         assert tune.default_grids()["toy-projector"] == (1e-4, 1e-3)      # lab aware tune's default grid
         assert tune.flags({"toy-projector": 1e-3}) == "--lr-projector 0.001"
@@ -234,8 +249,9 @@ def test_the_run_pipeline_names_no_method_outside_the_registry():
     that plan, run, tune and tabulate compare no method name (variant labels are data, not code)."""
     import re
 
-    pipeline = ("plan", "runner", "tune", "ablate", "study_tables", "continual", "finetune")
-    here = Path(plan.__file__).parent
+    pipeline = ("study/plan", "study/runner", "run/tune", "run/ablate", "study/tables", "run/continual",
+                "run/finetune")
+    here = Path(plan.__file__).parents[1]
     pat = re.compile(r"""(==|!=|\bin)\s*\(?\s*["'](full|lora|dora|zero-shot)["']""")
     bad = [f"{m}.py:{i}: {ln.strip()}" for m in pipeline
            for i, ln in enumerate((here / f"{m}.py").read_text().splitlines(), 1) if pat.search(ln)]
@@ -336,7 +352,7 @@ def test_status_reads_run_files_without_a_model(smoke_study, monkeypatch):
 def test_a_point_learned_only_when_its_pooled_answers_also_clear_the_floor():
     """Two seeds that agree exactly give a zero-width t-interval; 0.130 on 2 x 400 questions does not
     clear a floor of 0.128, while 0.36 does and one seed is never judged."""
-    from lab.experiments.aware.study_tables import fronts_table
+    from lab.experiments.aware.study.tables import fronts_table
 
     def rows(vid, scale, accs):
         return [{"variant": vid, "group": "methods", "label": vid, "method": "m", "scale": scale, "lr": 1e-4,

@@ -51,11 +51,11 @@ def toys():
 def test_a_toy_method_and_rule_run_through_a_sweep(toys, tmp_path):
     from test_aware_ablate import WORDS, toy   # the tiny random mini-LLaVA's toy questions
 
-    from lab.experiments.aware import ablate
-    from lab.experiments.aware.context import SIZES, Context
-    from lab.experiments.aware.prompts import ChatEncoder
-    from lab.experiments.aware.tasks import Task
-    from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
+    from lab.experiments.aware.run import ablate
+    from lab.experiments.aware.run.context import SIZES, Context
+    from lab.experiments.aware.run.prompts import ChatEncoder
+    from lab.experiments.aware.run.tasks import Task
+    from lab.experiments.aware.run.tiny import tiny_minillava, tiny_tokenizer
 
     tok = tiny_tokenizer(WORDS)
     size = replace(SIZES["smoke"], n_calib=8, calib_sizes=(), rhos=(0.3,), methods=("full", "toy"),

@@ -7,8 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from lab.experiments.aware import tasks, tune
-from lab.experiments.aware.tasks import Task
+from lab.experiments.aware.run import tasks, tune
+from lab.experiments.aware.run.tasks import Task
 
 
 def test_validation_rows_are_disjoint_from_the_training_pool_and_seeded():
@@ -61,9 +61,9 @@ def test_bad_grids_fail_before_work():
 def test_tune_scores_on_validation_sets_and_never_on_test(monkeypatch, tmp_path):
     from test_aware_ablate import WORDS, toy   # the same tiny random mini-LLaVA and toy questions
 
-    from lab.experiments.aware.context import SIZES, Context
-    from lab.experiments.aware.prompts import ChatEncoder
-    from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
+    from lab.experiments.aware.run.context import SIZES, Context
+    from lab.experiments.aware.run.prompts import ChatEncoder
+    from lab.experiments.aware.run.tiny import tiny_minillava, tiny_tokenizer
 
     tok = tiny_tokenizer(WORDS)
     size = replace(SIZES["smoke"], n_calib=8)

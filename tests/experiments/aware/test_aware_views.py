@@ -9,8 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from lab.experiments.aware import ablation_views, figures, profiling, prose, tables
-from lab.experiments.aware.study import Study
+from lab.experiments.aware.views import ablation as ablation_views, figures, prose
+from lab.experiments.aware.run import profiling
+from lab.experiments.aware.study import profile_tables as tables
+from lab.experiments.aware.study.profiles import Study
 from lab.aware.masking import select
 
 WIDTH = {"q_proj": 12, "k_proj": 4, "v_proj": 4}
@@ -168,7 +170,7 @@ def test_saliency_figures():
 
 
 def results_table():
-    """A tidy table shaped like lab.experiments.aware.ablate.sweep's (two seeds), with shared reference rows."""
+    """A tidy table shaped like lab.experiments.aware.run.ablate.sweep's (two seeds), with shared reference rows."""
     rows = []
     spec = [("methods", "zero-shot", "zero-shot", np.nan, 100, 40), ("methods", "full", "full", np.nan, 60, 100),
             ("methods", "lora", "lora", np.nan, 85, 90), ("methods", "dora", "dora", np.nan, 86, 91),
@@ -255,9 +257,9 @@ def test_profile_nested_equals_profiling_each_nested_set():
     """The first-n profiles, combined from chunks, are the profiles of the first n samples."""
     from types import SimpleNamespace
 
-    from lab.experiments.aware.prompts import ChatEncoder
-    from lab.experiments.aware.tasks import QASet
-    from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
+    from lab.experiments.aware.run.prompts import ChatEncoder
+    from lab.experiments.aware.run.tasks import QASet
+    from lab.experiments.aware.run.tiny import tiny_minillava, tiny_tokenizer
 
     words = ["red", "blue", "green", "what", "color", "is", "it", "?"]
     tok = tiny_tokenizer(words)
@@ -292,7 +294,7 @@ def test_calibration_agreement_and_findings():
 
 
 def test_target_summary_counts_layer_shapes():
-    from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
+    from lab.experiments.aware.run.tiny import tiny_minillava, tiny_tokenizer
 
     model = tiny_minillava(tiny_tokenizer(["a"]), 8)
     ts = tables.target_summary(model).set_index("target")
@@ -317,7 +319,7 @@ def test_study_saves_and_loads_and_reads_runner_files(tmp_path):
             a, b = st.select(lab_, 0.3, rule), back.select(lab_, 0.3, rule)
             assert all(torch.equal(a[k], b[k]) for k in a)
     # the runner's layout (no norms): activation rules work, weight-norm explains what is missing
-    from lab.experiments.aware.ablate import _save_saliency
+    from lab.experiments.aware.run.ablate import _save_saliency
     from lab.aware.saliency import Saliency
 
     _save_saliency(tmp_path / "run", ("upstream", 8), Saliency(scores(), 8, 1.0))
@@ -418,12 +420,12 @@ def test_ablation_tradeoff_has_no_text_labels_on_its_points():
 
 
 def fake_study(complete: bool = False) -> dict:
-    """The tables of a partly run study, shaped like lab.experiments.aware.study_views.load_study's:
+    """The tables of a partly run study, shaped like lab.experiments.aware.views.study.load_study's:
     two methods' fronts (3 scales, 3 seeds) and one rule's short front."""
     import json
     from dataclasses import asdict
 
-    from lab.experiments.aware import plan, study_tables
+    from lab.experiments.aware.study import plan, tables as study_tables
 
     rows = []
     for v, g, lbl, shift in (("methods/full", "methods", "full", 0.0), ("methods/aware", "methods", "aware", 8.0),
@@ -446,7 +448,7 @@ def fake_study(complete: bool = False) -> dict:
 
 
 def test_the_plane_is_one_line_per_method_with_intervals_and_no_text_on_the_points():
-    from lab.experiments.aware import study_views
+    from lab.experiments.aware.views import study as study_views
 
     fig = study_views.plane(fake_study())
     assert [t.name for t in fig.data] == ["AWARe (rho 0.3)", "full fine-tuning"]
@@ -456,7 +458,7 @@ def test_the_plane_is_one_line_per_method_with_intervals_and_no_text_on_the_poin
 
 
 def test_matched_comparisons_and_the_short_fronts_read_as_words():
-    from lab.experiments.aware import study_views
+    from lab.experiments.aware.views import study as study_views
 
     st = fake_study()
     t = study_views.comparisons(st, ["AWARe vs full fine-tuning"])

@@ -26,7 +26,7 @@ def _words() -> list[str]:
     """Every word of the probe, the easy-VQA questions and the downstream answers (the tokenizer is word-level)."""
     import easy_vqa
 
-    from lab.experiments.aware import tasks
+    from lab.experiments.aware.run import tasks
 
     text = []
     for it in json.loads(tasks.PROBE_FILE.read_text())["items"]:
@@ -38,7 +38,7 @@ def _words() -> list[str]:
 
 @pytest.fixture(scope="module")
 def llava_dir(tmp_path_factory) -> Path:
-    from lab.experiments.aware.hub_llava import random_llava
+    from lab.experiments.aware.run.hub_llava import random_llava
 
     folder = tmp_path_factory.mktemp("hub") / "tiny-llava"
     model, processor = random_llava("tiny", words=_words())
@@ -64,7 +64,7 @@ def _targets(model) -> dict:
 def test_batches_are_the_processors(llava_dir):
     """The encoder's prompt ids and pixel values are exactly what ``processor(text, images)`` returns;
     the answer follows the prompt; text-only samples have no pixel values."""
-    from lab.experiments.aware.hub_llava import load
+    from lab.experiments.aware.run.hub_llava import load
 
     model, enc = load(str(llava_dir), device="cpu")
     img = np.random.RandomState(0).randint(0, 256, (64, 64, 3), dtype=np.uint8)
@@ -85,7 +85,7 @@ def test_batches_are_the_processors(llava_dir):
     assert len(names) == 2 + 3 * model.config.text_config.num_hidden_layers
     assert not any("vision_tower" in n for n in names)
     # the LLaVA's own forward (image features merged at the image tokens) gives the scorer's numbers
-    from lab.experiments.aware.scoring import option_scores
+    from lab.experiments.aware.run.scoring import option_scores
 
     prompt = enc.collate([enc.encode("What color is the shape?", image=True)], torch.from_numpy(img[None]))
     opts = enc.option_ids(["red", "blue"])
@@ -146,8 +146,8 @@ def test_profile_and_finetune_through_the_cli(llava_dir, env, capsys):
 def test_full_finetuning_leaves_the_vision_tower_frozen(llava_dir):
     from lab.aware.config import AwareConfig
     from lab.aware.methods import MethodSpec, prepare
-    from lab.experiments.aware.finetune import TrainConfig
-    from lab.experiments.aware.hub_llava import load
+    from lab.experiments.aware.run.finetune import TrainConfig
+    from lab.experiments.aware.run.hub_llava import load
 
     model, _ = load(str(llava_dir), device="cpu")
     model, groups, info = prepare(model, MethodSpec("full", AwareConfig()), TrainConfig())
@@ -190,7 +190,7 @@ def test_a_hub_id_without_network_fails_in_seconds(case, tmp_path):
 
 def test_a_cached_hub_checkpoint_loads_offline(llava_dir, tmp_path, monkeypatch):
     """A checkpoint already in the hub cache loads with HF_HUB_OFFLINE=1 and no network."""
-    from lab.experiments.aware import hub_llava
+    from lab.experiments.aware.run import hub_llava
 
     repo = "stand-in/tiny-llava"
     snap = tmp_path / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lab.experiments.aware.minillava import LazyTokens, visual_tokens
+from lab.experiments.aware.run.minillava import LazyTokens, visual_tokens
 
 
 def _images(n=12, seed=0):

@@ -4,7 +4,7 @@ the LM's dtype before the float32 projector, which failed)."""
 import pytest
 import torch
 
-from lab.experiments.aware.tiny import tiny_minillava, tiny_tokenizer
+from lab.experiments.aware.run.tiny import tiny_minillava, tiny_tokenizer
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["bf16-LM-fp32-projector", "all-bf16"])
@@ -36,10 +36,10 @@ def test_every_method_trains_and_scores_a_bf16_mini_llava(method):
     import numpy as np
 
     from lab.aware.methods import MethodSpec
-    from lab.experiments.aware.ablate import Variant, run_variant
-    from lab.experiments.aware.context import MAIN, SIZES, Context
-    from lab.experiments.aware.prompts import ChatEncoder
-    from lab.experiments.aware.tasks import QASet, Task
+    from lab.experiments.aware.run.ablate import Variant, run_variant
+    from lab.experiments.aware.run.context import MAIN, SIZES, Context
+    from lab.experiments.aware.run.prompts import ChatEncoder
+    from lab.experiments.aware.run.tasks import QASet, Task
 
     def toy(n, seed):
         g = np.random.RandomState(seed)
@@ -53,8 +53,8 @@ def test_every_method_trains_and_scores_a_bf16_mini_llava(method):
                   None, {"fashion": Task("fashion", toy(16, 3), toy(8, 4))}, size,
                   {("upstream", 8): toy(8, 9), ("upstream", 4): toy(4, 9), ("proxy", 8): toy(8, 10)})
     from lab.aware.saliency import profile
-    from lab.experiments.aware.context import upstream
-    from lab.experiments.aware.profiling import calibration_batches
+    from lab.experiments.aware.run.context import upstream
+    from lab.experiments.aware.run.profiling import calibration_batches
 
     v = Variant("methods", method, MethodSpec(method, MAIN))
     sal = profile(ctx.base, calibration_batches(ctx.calib[("upstream", 8)], ctx.enc), targets=MAIN.targets,

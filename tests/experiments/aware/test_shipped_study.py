@@ -11,7 +11,8 @@ import pytest
 import json
 from dataclasses import asdict
 
-from lab.experiments.aware import plan, shipped, study_views
+from lab.experiments.aware.study import plan, shipped
+from lab.experiments.aware.views import study as study_views
 
 ROOT = Path(__file__).resolve().parents[3]
 STUDY = ROOT / "results" / "aware"
@@ -124,7 +125,7 @@ def test_readme_section_is_the_shipped_study(study):
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert study_views.readme_block(readme) == study_views.readme_section(study), (
         "README's AWARe section differs from results/aware: regenerate it with "
-        "lab.experiments.aware.study_views.readme_section(load_study('results/aware'))")
+        "lab.experiments.aware.views.study.readme_section(load_study('results/aware'))")
     assert "the paper's picture" not in study_views.readme_block(readme)
     assert (STUDY / "README.md").read_text(encoding="utf-8") == study_views.results_readme(study)
 

@@ -7,8 +7,8 @@ import easy_vqa
 import pytest
 
 from lab.data import dataset_info
-from lab.experiments.aware.context import SIZES
-from lab.experiments.aware.tasks import TEMPLATES
+from lab.experiments.aware.run.context import SIZES
+from lab.experiments.aware.run.tasks import TEMPLATES
 
 N_VAL = 100  # lab aware tune's default --n-val
 
@@ -34,7 +34,7 @@ def test_easy_vqa_pools_fit(preset):
 def test_easy_vqa_validation_has_unseen_images_left(preset):
     """Validation questions are about train images no alignment question shows; a preset that
     aligns on (nearly) every image would leave tune a handful of questions, silently."""
-    from lab.experiments.aware.tasks import unseen_image_index
+    from lab.experiments.aware.run.tasks import unseen_image_index
 
     image_ids = easy_vqa.get_train_questions()[2]
     assert len(unseen_image_index(image_ids, SIZES[preset].n_align, N_VAL, seed=0)) == N_VAL

@@ -50,7 +50,7 @@ def tiny_llama(vocab_size: int, *, hidden: int = 32, layers: int = 2, seed: int 
 
 
 def tiny_minillava(tokenizer, vision_dim: int = 8, *, seed: int = 0):
-    from lab.experiments.aware.minillava import MiniLlava
+    from lab.experiments.aware.run.minillava import MiniLlava
 
     lm = tiny_llama(len(tokenizer), seed=seed)
     torch.manual_seed(seed)

@@ -1,7 +1,7 @@
 """Tables and plotly figures for notebook 04 (AWARe ablations): a sweep's results as R/E/H bars,
 the rho trade-off, the continual sequence, the noise table and the findings in words.
 
-Thin layer over :mod:`lab.experiments.aware.ablate` (which trains and scores) and :mod:`lab.experiments.aware.results`
+Thin layer over :mod:`lab.experiments.aware.run.ablate` (which trains and scores) and :mod:`lab.experiments.aware.study.results`
 (which loads a saved run): :func:`load_run`, :func:`sweep_size`, :func:`run_sweep`,
 :func:`summary`, :func:`rhe_bars`, :func:`tradeoff`, :func:`rho_curves`, :func:`continual_figure`,
 :func:`continual_bars`, :func:`noise_table`, :func:`findings`, :func:`describe_ablation`.
@@ -17,17 +17,17 @@ _RULE_SHORT = {"activation-global": "global", "activation-balanced": "balanced"}
 
 
 def load_run(run_dir) -> dict:
-    """A saved ``lab aware ablate`` run (``'latest'``: the newest): see :func:`lab.experiments.aware.results.load_run`."""
-    from lab.experiments.aware.results import load_run as _load
+    """A saved ``lab aware ablate`` run (``'latest'``: the newest): see :func:`lab.experiments.aware.study.results.load_run`."""
+    from lab.experiments.aware.study.results import load_run as _load
 
     return _load(run_dir)
 
 
 def sweep_size(base: str = "default", *, n_align=None, align=None, **kw):
-    """A :class:`lab.experiments.aware.context.Size` from a preset with some fields replaced; ``steps`` /
+    """A :class:`lab.experiments.aware.run.context.Size` from a preset with some fields replaced; ``steps`` /
     ``batch_size`` / ``lr*`` go to its ``TrainConfig`` (``None`` keeps the preset's). Keep
     ``n_align``/``align`` at the preset's to reuse the cached aligned projector."""
-    from lab.experiments.aware.context import SIZES
+    from lab.experiments.aware.run.context import SIZES
 
     size = SIZES[base]
     train_kw = {k: kw.pop(k) for k in ("steps", "batch_size", "lr", "lr_aware", "lr_projector", "lr_adapter") if k in kw}
@@ -191,16 +191,16 @@ def findings(results) -> dict:
 
 
 def tasks_for(groups, task: str) -> tuple[str, ...]:
-    """The downstream tasks a sweep of ``groups`` on ``task`` needs: :func:`lab.experiments.aware.ablate.tasks_for`."""
-    from lab.experiments.aware import ablate
+    """The downstream tasks a sweep of ``groups`` on ``task`` needs: :func:`lab.experiments.aware.run.ablate.tasks_for`."""
+    from lab.experiments.aware.run import ablate
 
     return ablate.tasks_for(groups, task)
 
 
 def run_sweep(ctx, *, groups=None, seeds=None, task: str = "fashion", run_dir=None, progress: bool = True) -> dict:
-    """:func:`lab.experiments.aware.ablate.sweep` on ``ctx``, returned in the shape of :func:`load_run` (the
+    """:func:`lab.experiments.aware.run.ablate.sweep` on ``ctx``, returned in the shape of :func:`load_run` (the
     tables, ``config`` and ``run_dir``), so a fresh sweep and a saved one are shown the same way."""
-    from lab.experiments.aware import ablate
+    from lab.experiments.aware.run import ablate
 
     out = ablate.sweep(ctx, groups=tuple(groups) if groups else None, seeds=tuple(seeds) if seeds else None,
                        task=task, run_dir=run_dir, progress=progress)
@@ -235,8 +235,8 @@ def noise_table(run: dict):
 
 
 def chance_options(task: str) -> tuple:
-    """The answer options a downstream task scores (``lab.experiments.aware.tasks.TEMPLATES``)."""
-    from lab.experiments.aware.tasks import TEMPLATES
+    """The answer options a downstream task scores (``lab.experiments.aware.run.tasks.TEMPLATES``)."""
+    from lab.experiments.aware.run.tasks import TEMPLATES
 
     _, tmpl, names = TEMPLATES[task]
     return tuple(dict.fromkeys(tmpl.render(c, names) for c in range(len(names))))
@@ -249,7 +249,7 @@ def chance_rate(task: str) -> float:
 def majority_rate(task: str, n_eval: int) -> float | None:
     """Accuracy of always giving the most common answer of the task's fixed ``n_eval`` test questions
     (the same questions every run is scored on); ``None`` when the data is not available here."""
-    from lab.experiments.aware.tasks import downstream
+    from lab.experiments.aware.run.tasks import downstream
 
     try:
         return downstream(task, n_train=1, n_test=n_eval, progress=False).test.majority_rate()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from lab.experiments.aware.study import Study
-from lab.experiments.aware.tables import (calibration_agreement, concentration, concentration_summary, frozen_by_target,
-                                          parameter_budget)
+from lab.experiments.aware.study.profiles import Study
+from lab.experiments.aware.study.profile_tables import (calibration_agreement, concentration, concentration_summary,
+                                                        frozen_by_target, parameter_budget)
 
 
 def saliency_findings(study: Study, ctx_model=None, rho: float = 0.3, *, seed: int = 0) -> dict:

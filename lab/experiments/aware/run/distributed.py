@@ -209,12 +209,12 @@ class Session:
 
     def train(self, model: nn.Module, groups: list[dict], qa, enc, cfg, *, progress: bool = True,
               desc: str = "fine-tuning") -> dict:
-        """:func:`lab.experiments.aware.finetune.train`'s recipe, data-parallel (same global batch)."""
+        """:func:`lab.experiments.aware.run.finetune.train`'s recipe, data-parallel (same global batch)."""
         import torch.distributed as dist
         from tqdm.auto import tqdm
 
-        from lab.experiments.aware.finetune import _schedule, iterate
-        from lab.experiments.aware.scoring import answer_loss
+        from lab.experiments.aware.run.finetune import _schedule, iterate
+        from lab.experiments.aware.run.scoring import answer_loss
 
         if not groups or cfg.steps == 0:
             return {"losses": [], "step_seconds": []}

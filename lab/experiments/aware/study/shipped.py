@@ -2,7 +2,7 @@
 
 The pipeline flows one way — config and plan (:mod:`.plan`) -> runs (:mod:`.runner`, each written to
 ``<study>/runs/<key>.json`` as it finishes, skipped when the study is started again) -> tables
-(:mod:`.study_tables`) -> views (:mod:`.study_views`: notebook 04, ``results/aware/README.md``, the
+(:mod:`.tables`) -> views (:mod:`lab.experiments.aware.views.study`: notebook 04, ``results/aware/README.md``, the
 README section). Provenance (code hashes, machine) is :mod:`.provenance`.
 """
 from __future__ import annotations
@@ -11,15 +11,15 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from lab.experiments.aware.plan import (BUDGETS, CONTINUAL, NOTES, PRESETS, Job, StudyConfig, job_key,  # noqa: F401
-                                        main_method, method_variant, reference_method, variant_id, variants)
-from lab.experiments.aware.provenance import (NOT_COMPUTING, changed_sources, machine, run_account,  # noqa: F401
-                                              source_hashes, time_spread)
+from lab.experiments.aware.study.plan import (BUDGETS, CONTINUAL, NOTES, PRESETS, Job, StudyConfig, job_key,  # noqa: F401
+                                              main_method, method_variant, reference_method, variant_id, variants)
+from lab.experiments.aware.study.provenance import (STUDY_COMPUTING, changed_sources, machine, run_account,  # noqa: F401
+                                                    source_hashes, time_spread)
 
 
 def status(env, out: Path) -> str:
     """Which runs of the plan are finished in ``out/runs``: reads run files, trains and scores nothing."""
-    from lab.experiments.aware import runner
+    from lab.experiments.aware.study import runner
 
     runs_dir = Path(out) / "runs"
     res = runner.collect(env, out)
@@ -102,7 +102,7 @@ def cost(cfg, res: dict, *, tables_only: bool, wall_s: float, kept_original: boo
 def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device: str | None = None,
               progress: bool = True, log=print, executor: str = "local", address: str | None = None,
               workers: int | None = None, status_only: bool = False, tables_only: bool = False) -> dict:
-    """Tune, test, run the continual sequence (:mod:`lab.experiments.aware.runner`: every finished run
+    """Tune, test, run the continual sequence (:mod:`lab.experiments.aware.study.runner`: every finished run
     is kept in ``out/runs`` at once), then compute the tables with intervals and write them and
     ``manifest.json`` into ``out`` (each file atomically)."""
     import datetime
@@ -119,11 +119,11 @@ def run_study(cfg, out: str | Path, *, command: str = "", cache_dir=None, device
 
 
 def light_env(cfg, out: Path, device: str | None = None):
-    """An :class:`~lab.experiments.aware.runner.Env` for reading a study's run files without a model:
+    """An :class:`~lab.experiments.aware.study.runner.Env` for reading a study's run files without a model:
     its fingerprint, and the base model's answers when the study stored them."""
     from lab._io import read_json
-    from lab.experiments.aware import runner
-    from lab.experiments.aware.plan import data_fingerprint
+    from lab.experiments.aware.study import runner
+    from lab.experiments.aware.study.plan import data_fingerprint
 
     dev = device or "cpu"
     if device is None:
@@ -177,14 +177,14 @@ def _run_locked(cfg, out: Path, *, command, cache_dir, device, progress, log, ex
     import datetime
 
     from lab._io import write_json
-    from lab.experiments.aware import runner
-    from lab.experiments.aware.study_views import seed_caches
+    from lab.experiments.aware.study import runner
+    from lab.experiments.aware.views.study import seed_caches
 
     seed_caches(out, cache_dir)    # the study's own aligned projector, where this cache lacks it
     env = runner.build_env(cfg, cache_dir=cache_dir, device=device, progress=progress, store=out / "saliency")
     kw = dict(executor=executor, address=address, workers=workers, log=log if progress else None)
     res = runner.run_all(env, out, **kw) if not tables_only else runner.collect(env, out)
-    from lab.experiments.aware import study_tables
+    from lab.experiments.aware.study import tables as study_tables
 
     tables = study_tables.build(env, res)
     from lab._io import atomic_write
@@ -195,7 +195,7 @@ def _run_locked(cfg, out: Path, *, command, cache_dir, device, progress, log, ex
             atomic_write(out / "answers.parquet", lambda p, df=df: df.to_parquet(p, index=False))
         else:
             atomic_write(out / f"{name}.csv", lambda p, df=df: df.to_csv(p, index=False))
-    from lab.experiments.aware.study import Study
+    from lab.experiments.aware.study.profiles import Study
 
     if env.saliency:   # saliency + row norms at the top: notebook 04's mask panel re-selects rows from them
         Study.from_context(env.ctx, env.saliency).save(out)
@@ -239,7 +239,7 @@ def _run_locked(cfg, out: Path, *, command, cache_dir, device, progress, log, ex
         manifest["tables_only"] = False
         manifest["regenerations"] = [*original.get("regenerations", []), regen]
     write_json(out / "manifest.json", manifest)
-    from lab.experiments.aware import study_views
+    from lab.experiments.aware.views import study as study_views
 
     text = study_views.results_readme(study_views.load_study(out))
     atomic_write(out / "README.md", lambda p: p.write_text(text, encoding="utf-8"))

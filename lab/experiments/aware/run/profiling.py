@@ -8,9 +8,9 @@ import torch
 from torch import Tensor
 
 from lab.aware.saliency import Saliency, profile
-from lab.experiments.aware.finetune import iterate
-from lab.experiments.aware.scoring import model_inputs
-from lab.experiments.aware.tasks import QASet
+from lab.experiments.aware.run.finetune import iterate
+from lab.experiments.aware.run.scoring import model_inputs
+from lab.experiments.aware.run.tasks import QASet
 
 
 def calibration_batches(qa: QASet, enc, batch_size: int = 8) -> list[dict]:

@@ -11,7 +11,7 @@ all samples then sit in the last ``k`` positions and the loss needs logits only 
 
 The tokens every sample of a batch shares (system turn and user tag, ~40 % of a short prompt) are
 kept in front of the padding: ``[shared prefix | pads | rest]``, with explicit ``position_ids`` and
-``prefix_len`` in the batch. :func:`lab.experiments.aware.scoring.forward` then runs the prefix once, at batch
+``prefix_len`` in the batch. :func:`lab.experiments.aware.run.scoring.forward` then runs the prefix once, at batch
 size 1, and the rest of every sample on top of its (expanded) KV cache — the same numbers as a plain
 forward (gradients included) for ~40 % less compute.
 """

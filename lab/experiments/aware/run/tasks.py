@@ -5,7 +5,7 @@ Upstream (learned before any fine-tuning, measured before and after):
 - ``easy_vqa``: colour/shape questions on synthetic images (PyPI ``easy-vqa``); the projector is
   aligned on its train split with the language model frozen (LLaVA stage-1 "pre-training").
 - ``probe``: a text-only general-knowledge probe of SmolLM2 (320 questions written for this
-  project, ``lab/experiments/aware/data/general_knowledge_probe.json``), scored by answer log-likelihood over
+  project, ``lab/experiments/aware/run/data/general_knowledge_probe.json``), scored by answer log-likelihood over
   4 options and by exact match of a greedy answer.
 
 Downstream (templated questions on real images): ``fashion`` (Fashion-MNIST mini), ``digits``
@@ -126,11 +126,11 @@ def downstream(name: str, *, n_train: int, n_test: int, seed: int = 0, grid: int
                cache_dir=None, progress: bool = True, vision=None) -> Task:
     """A downstream task from real images; test questions are a fixed (seed-independent) subset.
     ``vision``: what turns images into the model's visual input (default: the mini-LLaVA's
-    :func:`~lab.experiments.aware.minillava.visual_tokens`; a hub LLaVA keeps the raw images,
-    :func:`lab.experiments.aware.hub_llava.raw_images`); every task builder takes it."""
+    :func:`~lab.experiments.aware.run.minillava.visual_tokens`; a hub LLaVA keeps the raw images,
+    :func:`lab.experiments.aware.run.hub_llava.raw_images`); every task builder takes it."""
     if name not in TEMPLATES:
         raise ValueError(f"unknown downstream task {name!r}; choose from {list(TEMPLATES)}")
-    from lab.experiments.aware.minillava import visual_tokens
+    from lab.experiments.aware.run.minillava import visual_tokens
     from lab.data import load_dataset
 
     dataset, tmpl, names = TEMPLATES[name]
@@ -166,7 +166,7 @@ def downstream_validation(name: str, *, n: int, n_train: int, seed: int = 0, gri
         raise ValueError(f"unknown downstream task {name!r}; choose from {list(TEMPLATES)}")
     if n < 1:
         raise ValueError(f"the validation set is empty (n={n})")
-    from lab.experiments.aware.minillava import visual_tokens
+    from lab.experiments.aware.run.minillava import visual_tokens
     from lab.data import load_dataset
 
     dataset, tmpl, names = TEMPLATES[name]
@@ -188,7 +188,7 @@ def _easy_vqa_split(split: str, n: int, seed: int, grid: int, cache_dir, progres
     import easy_vqa
     from PIL import Image
 
-    from lab.experiments.aware.minillava import visual_tokens
+    from lab.experiments.aware.run.minillava import visual_tokens
 
     qs, ans, img_ids = (easy_vqa.get_train_questions() if split == "train" else easy_vqa.get_test_questions())
     paths = easy_vqa.get_train_image_paths() if split == "train" else easy_vqa.get_test_image_paths()
@@ -312,7 +312,7 @@ def calibration(kind: str, n: int, *, upstream: Task | None = None, seed: int = 
         idx = np.random.RandomState(seed + 99).permutation(len(upstream.train))[-n:]
         return upstream.train.subset(np.sort(idx))
     if kind == "proxy":
-        from lab.experiments.aware.minillava import visual_tokens
+        from lab.experiments.aware.run.minillava import visual_tokens
 
         images, answers = _proxy_images(n, seed)
         tokens = (vision or visual_tokens)(images, grid=grid, cache_dir=cache_dir, progress=progress)

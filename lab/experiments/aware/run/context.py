@@ -13,9 +13,9 @@ import torch
 from lab.aware.config import AwareConfig
 from lab.aware.methods import main_method, reference_method
 from lab.aware.methods import method_names
-from lab.experiments.aware.finetune import TrainConfig
-from lab.experiments.aware.tasks import QASet, Task
-from lab.experiments.aware.upstream import AlignConfig
+from lab.experiments.aware.run.finetune import TrainConfig
+from lab.experiments.aware.run.tasks import QASet, Task
+from lab.experiments.aware.run.upstream import AlignConfig
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Context:
 
 def upstream(model, ctx: Context, *, exact: bool | None = None) -> dict:
     """Upstream skills of ``model`` on the sweep's fixed evaluation questions (probe None: easy-VQA only)."""
-    from lab.experiments.aware.upstream import upstream_skills
+    from lab.experiments.aware.run.upstream import upstream_skills
 
     return upstream_skills(model, ctx.enc, ctx.easy, ctx.probe, batch_size=ctx.size.eval_batch,
                            exact=ctx.size.exact if exact is None else exact)
@@ -92,15 +92,15 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
     2-layer Llama with a word-level tokenizer over every word the tasks use (seconds; numbers are
     meaningless, code paths are the real ones) and sets torch to one thread. ``downstream=False``
     builds no downstream task (saliency only; the alignment pool's visual tokens are then computed
-    only for the rows read, :class:`~lab.experiments.aware.minillava.LazyTokens`); ``tasks_needed``
-    limits the ones built (default: all; each costs a visual-token pass when not cached, see :func:`lab.experiments.aware.ablate.tasks_for`). ``device``: where the
+    only for the rows read, :class:`~lab.experiments.aware.run.minillava.LazyTokens`); ``tasks_needed``
+    limits the ones built (default: all; each costs a visual-token pass when not cached, see :func:`lab.experiments.aware.run.ablate.tasks_for`). ``device``: where the
     model runs (default: CUDA when available, else CPU). ``model``: a transformers LLaVA (hub id or
-    local folder, :mod:`lab.experiments.aware.hub_llava`) instead of the mini-LLaVA, in ``dtype``
+    local folder, :mod:`lab.experiments.aware.run.hub_llava`) instead of the mini-LLaVA, in ``dtype``
     (bf16, fp16, fp32; default bf16 on CUDA); its tasks keep raw images for its processor
     (``info['vision']``, for task sets built later). For the mini-LLaVA ``dtype`` (default float32)
     casts the aligned model after its cached float32 alignment."""
-    from lab.experiments.aware import tasks
-    from lab.experiments.aware.upstream import build_base
+    from lab.experiments.aware.run import tasks
+    from lab.experiments.aware.run.upstream import build_base
 
     size = SIZES[size] if isinstance(size, str) else size
     if tiny:
@@ -111,7 +111,7 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
     kw = dict(grid=size.grid, cache_dir=cache_dir, progress=progress)
     hub = None
     if model is not None and not tiny:   # first: a checkpoint that cannot load fails before any data
-        from lab.experiments.aware import hub_llava
+        from lab.experiments.aware.run import hub_llava
 
         hub = hub_llava.load(model, device=device, dtype=dtype, progress=progress)
         kw["vision"] = hub_llava.raw_images
@@ -136,7 +136,7 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
     calib = {("upstream", n): full.subset(range(min(n, len(full)))) for n in {size.n_calib, *size.calib_sizes}}
     calib[("proxy", size.n_calib)] = tasks.calibration("proxy", size.n_calib, **kw)
     if tiny:
-        from lab.experiments.aware.tiny import tiny_llama, tiny_tokenizer
+        from lab.experiments.aware.run.tiny import tiny_llama, tiny_tokenizer
 
         sets = [easy.train, easy.test, probe.test, calib[("proxy", size.n_calib)]]
         sets += [s for d in down.values() for s in (d.train, d.test)]
@@ -144,7 +144,7 @@ def setup(size: Size | str, *, tiny: bool = False, downstream: bool = True, task
         base, enc, align = build_base(easy, size.align, grid=size.grid, cache_dir=cache_dir, progress=progress,
                                       language_model=(tok, tiny_llama(len(tok))))
     if dtype is not None and hub is None:     # aligned (and cached) in float32; trained and scored in ``dtype``
-        from lab.experiments.aware.hub_llava import dtype_of
+        from lab.experiments.aware.run.hub_llava import dtype_of
 
         base = base.to(dtype_of(dtype, device or "cpu"))
         align = {**align, "dtype": str(next(base.parameters()).dtype)}

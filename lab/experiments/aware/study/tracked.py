@@ -34,7 +34,7 @@ def finetune(args, size, row: dict, before: dict, steps=()) -> dict:
 def ablate(out: dict) -> dict:
     """``lab aware ablate``: R/E/H per variant (mean over seeds) and its timings on one run (the
     parameters: the folder's config.json), one child run per variant and seed."""
-    from lab.experiments.aware.ablate import summary
+    from lab.experiments.aware.run.ablate import summary
 
     metrics = table_metrics(summary(out["results"]), ["group", "variant"])
     metrics.update({f"timings/{k}": v for k, v in out.get("timings", {}).items()})

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from lab.aware.targets import is_projector
-from lab.experiments.aware.study import Study
+from lab.experiments.aware.study.profiles import Study
 
 MAIN_TARGETS = ("q_proj", "k_proj", "v_proj", "projector")
 ALL_TARGETS = MAIN_TARGETS + ("gate_proj", "up_proj", "down_proj")

@@ -18,9 +18,9 @@ from typing import Mapping
 
 import numpy as np
 
-from lab.experiments.aware.plan import (ContinualJob, Job, StudyConfig, continual_key, data_fingerprint, job_key,
-                                        plan_continual, plan_fronts, plan_precision, plan_tests, plan_tuning, train_config,
-                                        variant_id, variants)
+from lab.experiments.aware.study.plan import (ContinualJob, Job, StudyConfig, continual_key, data_fingerprint, job_key,
+                                              plan_continual, plan_fronts, plan_precision, plan_tests, plan_tuning, train_config,
+                                              variant_id, variants)
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def _saliency(ctx, cfg: StudyConfig, fp: str, store: Path | None, progress: bool
 
     from lab._io import load_tensors, save_tensors
     from lab.aware.saliency import Saliency
-    from lab.experiments.aware.ablate import profile_calibrations
+    from lab.experiments.aware.run.ablate import profile_calibrations
 
     from lab.aware.methods import uses_saliency
 
@@ -68,7 +68,7 @@ def _saliency(ctx, cfg: StudyConfig, fp: str, store: Path | None, progress: bool
         else:
             todo.append(key)
     if todo:
-        from lab.experiments.aware.ablate import Variant
+        from lab.experiments.aware.run.ablate import Variant
         from lab.aware.methods import MethodSpec
 
         fresh = profile_calibrations(ctx, [Variant("x", "x", MethodSpec("aware"), calib=k, calib_n=n) for k, n in todo],
@@ -86,11 +86,11 @@ def build_env(cfg: StudyConfig, *, cache_dir=None, device: str | None = None, pr
               store: Path | None = None) -> Env:
     import torch
 
-    from lab.experiments.aware.ablate import tasks_for
-    from lab.experiments.aware.context import setup
-    from lab.experiments.aware.finetune import evaluate
-    from lab.experiments.aware.provenance import source_hashes
-    from lab.experiments.aware.tune import validation_context
+    from lab.experiments.aware.run.ablate import tasks_for
+    from lab.experiments.aware.run.context import setup
+    from lab.experiments.aware.run.finetune import evaluate
+    from lab.experiments.aware.study.provenance import source_hashes
+    from lab.experiments.aware.run.tune import validation_context
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     size = cfg.to_size()
@@ -109,7 +109,7 @@ def build_env(cfg: StudyConfig, *, cache_dir=None, device: str | None = None, pr
         if set(base) != set(sets) or any(len(base[k]) != len(qa) for k, qa in sets.items()):
             base = None
     if base is None:
-        from lab.experiments.aware.finetune import for_scoring
+        from lab.experiments.aware.run.finetune import for_scoring
 
         scored = for_scoring(ctx.base, cfg.precision)
         base = {k: [int(x) for x in evaluate(scored, qa, ctx.enc, batch_size=b)["correct"]] for k, qa in sets.items()}
@@ -123,7 +123,7 @@ def build_env(cfg: StudyConfig, *, cache_dir=None, device: str | None = None, pr
 
 
 def _stamp(env: Env, t0: float) -> dict:
-    from lab.experiments.aware.provenance import machine
+    from lab.experiments.aware.study.provenance import machine
 
     m = machine()
     return {"code": env.code, "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -132,10 +132,10 @@ def _stamp(env: Env, t0: float) -> dict:
 
 
 def run_job(job: Job, env: Env) -> dict:
-    """Train one job's variant from a fresh copy of the base (:func:`~lab.experiments.aware.finetune.fit`)
+    """Train one job's variant from a fresh copy of the base (:func:`~lab.experiments.aware.run.finetune.fit`)
     and answer its question sets."""
     from lab.aware.methods import lr_field
-    from lab.experiments.aware.finetune import evaluate, fit, for_scoring
+    from lab.experiments.aware.run.finetune import evaluate, fit, for_scoring
 
     ctx, v, cfg = env.ctx, job.variant, env.cfg
     method = v.spec.method
@@ -169,8 +169,8 @@ def run_continual_job(job: ContinualJob, env: Env) -> dict:
     from dataclasses import replace
 
     from lab.aware.methods import lr_field
-    from lab.experiments.aware.continual import ORDER, run_sequence
-    from lab.experiments.aware.plan import MAIN
+    from lab.experiments.aware.run.continual import ORDER, run_sequence
+    from lab.experiments.aware.study.plan import MAIN
 
     t0 = time.perf_counter()
     tc = train_config(env.cfg, job.method, job.scale, job.seed)
@@ -254,7 +254,7 @@ def run_all(env: Env, out: Path, *, log=print, **kw) -> dict:
     """The whole study, in the order its results matter: the methods group's fronts on the test
     seeds; the tuning runs of the methods and the first ablation phase; each ablation phase's tests
     (tuned before it); the continual sequences at the methods' operating points."""
-    from lab.experiments.aware.plan import PHASES
+    from lab.experiments.aware.study.plan import PHASES
 
     cfg, t = env.cfg, {}
     t0 = time.perf_counter()
@@ -298,7 +298,7 @@ def collect(env: Env, out: Path) -> dict:
     sequences once the operating points are known; ``complete`` says whether the whole plan was
     found, ``missing`` counts what is not."""
     from lab._io import read_json
-    from lab.experiments.aware import plan as P
+    from lab.experiments.aware.study import plan as P
 
     runs_dir = Path(out) / "runs"
     cfg = env.cfg
@@ -380,7 +380,7 @@ def check(env: Env, out: Path, key: str | None = None, *, steps: int | None = No
     it they are the same. ``steps``: only the first ``steps`` training steps, compared with the
     stored per-step losses (a prefix check in seconds, not minutes)."""
     from lab._io import read_json
-    from lab.experiments.aware import plan as P
+    from lab.experiments.aware.study import plan as P
 
     runs_dir = Path(out) / "runs"
     res = collect(env, out)
@@ -429,7 +429,7 @@ def check(env: Env, out: Path, key: str | None = None, *, steps: int | None = No
 def _check_prefix(env: Env, job: Job, stored: dict, steps: int, key: str) -> dict:
     """The first ``steps`` training steps of ``job`` against the stored run's per-step losses (the
     schedule is the whole run's: only the loop stops early)."""
-    from lab.experiments.aware.finetune import fit, train
+    from lab.experiments.aware.run.finetune import fit, train
 
     t0 = time.perf_counter()
     tc = train_config(env.cfg, job.variant.spec.method, job.scale, job.seed, precision=job.precision)

@@ -12,7 +12,7 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
-from lab.experiments.aware.profiling import label
+from lab.experiments.aware.run.profiling import label
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Notebook 04 over the shipped study (:mod:`lab.experiments.aware.shipped`): load it, say where it
+"""Notebook 04 over the shipped study (:mod:`lab.experiments.aware.study.shipped`): load it, say where it
 came from, whether it is complete and whether the code changed since; then the stability–plasticity
 plane with every method's learning-rate front, the comparisons read off the fronts (paired by
 seed, 95 % t-intervals), the ablation groups as short fronts, the paper's findings as computed
@@ -67,7 +67,7 @@ def name(vid: str) -> str:
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[3]
+    return Path(__file__).resolve().parents[4]
 
 
 # the columns the views read from each table (a table without them is refused, naming the file)
@@ -90,7 +90,7 @@ def load_study(path="results/aware") -> dict:
     import pandas as pd
 
     from lab import _manifest
-    from lab.experiments.aware.provenance import changed_sources
+    from lab.experiments.aware.study.provenance import changed_sources
 
     path = _study_dir(path)
     if not (path / "manifest.json").exists():
@@ -137,7 +137,7 @@ def seed_caches(study="results/aware", cache_dir=None) -> list[Path]:
     thread): a fresh machine then runs the study's own projector. Never overwrites an entry.
     Returns the entries written."""
     from lab._io import CorruptFile, load_tensors, save_tensors
-    from lab.experiments.aware.minillava import cache_root
+    from lab.experiments.aware.run.minillava import cache_root
 
     written = []
     for src in shipped_cache_entries(_study_dir(study)):
@@ -165,13 +165,13 @@ def _shown(path) -> str:
 
 
 def _spent(r: dict) -> tuple[str, str, str]:
-    """A manifest's ``runs`` (:func:`lab.experiments.aware.shipped.cost`) in words: summed run time,
+    """A manifest's ``runs`` (:func:`lab.experiments.aware.study.shipped.cost`) in words: summed run time,
     wall clock with a run going, and the machines the runs recorded."""
     return f"{r['run_s'] / 3600:.1f} h", f"{r['machine_s'] / 3600:.1f} h", "; ".join(r.get("machines") or ["?"])
 
 
 def run_cost(m: dict) -> str:
-    """What the study's runs cost, from its manifest (``runs``: :func:`lab.experiments.aware.shipped.cost`),
+    """What the study's runs cost, from its manifest (``runs``: :func:`lab.experiments.aware.study.shipped.cost`),
     told apart from the command that wrote the tables (a ``--tables-only`` regeneration takes seconds)."""
     r, mach = m.get("runs"), m.get("machine", {})
     if not r:   # an older manifest: its compute_s may count a run shared by two phases twice
@@ -306,7 +306,7 @@ def fronts_table(study: dict, group: str | None = "methods"):
 
 def kinds_table(study: dict, group: str = "methods"):
     """R per easy-VQA kind (yes/no, shape, colour) and of the text probe, per variant and scale."""
-    from lab.experiments.aware.fronts import KINDS
+    from lab.experiments.aware.study.fronts import KINDS
 
     f = study.get("fronts")
     if f is None or not len(f):

@@ -1,38 +1,68 @@
-"""Where a study's numbers came from: the sha256 of the code that computes them, which source files
-changed since, the machine (written into every run record and the study's manifest), and what the
-runs cost (:func:`run_account`)."""
+"""Where a study's numbers came from: the sha256 of the code that determines them, which of those
+source files changed since, the machine (written into every run record and the study's manifest),
+and what the runs cost (:func:`run_account`).
+
+The code that determines a run's numbers is chosen by folder, not by file name: every file of
+:mod:`lab.aware` (the method) and of :mod:`lab.experiments.aware.run` (the model, data, training and
+scoring), and the study files that decide what runs and how (:data:`STUDY_COMPUTING`). Nothing under
+``views/``, no table and no command line enters it: a change there cannot change a run's numbers, so
+a pure refactor of the tables or views keeps every finished run valid."""
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 from typing import Iterable, Mapping
 
-# modules that only show or launch results (and the hub-LLaVA path, which the study never imports):
-# editing them cannot change a number of the study, so they do not enter its source hash
-# files that read, tabulate or draw finished runs, or parse the command line: a change to them cannot
-# change a run's numbers, so they are outside the hash a run is stamped with (a pure refactor of the
-# tables or views keeps every finished run valid)
-NOT_COMPUTING = ("ablation_views.py", "figures.py", "prose.py", "study_views.py", "cli.py", "hub_llava.py",
-                 "study_tables.py", "fronts.py", "shipped.py", "provenance.py", "tables.py", "study.py",
-                 "distributed.py", "__init__.py")
+# the study's own files that decide what runs and how: the plan (variants, recipes, keys) and the
+# runner (one run from a job)
+STUDY_COMPUTING = ("plan.py", "runner.py")
+# manifests written before the package was split into run/, study/ and views/ name the files they
+# left out of the hash (``not_hashed``, by file name); this was that list
+_OLD_NOT_COMPUTING = ("ablation_views.py", "figures.py", "prose.py", "study_views.py", "cli.py", "hub_llava.py",
+                      "study_tables.py", "fronts.py", "shipped.py", "provenance.py", "tables.py", "study.py",
+                      "distributed.py", "__init__.py")
+
+
+def _root(root: Path | None) -> Path:
+    return Path(root) if root else Path(__file__).resolve().parents[4]
+
+
+def computing_files(root: Path | None = None) -> list[Path]:
+    """The files that determine a run's numbers: all of ``lab/aware`` and
+    ``lab/experiments/aware/run``, and ``lab/experiments/aware/study``'s :data:`STUDY_COMPUTING`."""
+    root = _root(root)
+    pkg = root / "lab" / "experiments" / "aware"
+    return sorted([*(root / "lab" / "aware").rglob("*.py"), *(pkg / "run").rglob("*.py"),
+                   *(pkg / "study" / name for name in STUDY_COMPUTING)])
 
 
 def source_hashes(root: Path | None = None) -> dict:
-    """sha256 of every ``lab/aware`` and ``lab/experiments/aware`` source file (``files``) and of the
-    ones that compute the study together (``sha256``: all but :data:`NOT_COMPUTING`)."""
-    root = Path(root) if root else Path(__file__).resolve().parents[3]
-    files = sorted([*(root / "lab" / "aware").glob("*.py"), *(root / "lab" / "experiments" / "aware").glob("*.py")])
+    """sha256 of every ``lab/aware`` and ``lab/experiments/aware`` source file (``files``), the ones
+    that determine a run's numbers (``hashed``: :func:`computing_files`) and of those together
+    (``sha256``)."""
+    root = _root(root)
+    files = sorted({*computing_files(root), *(root / "lab" / "experiments" / "aware").rglob("*.py")})
     per = {f.relative_to(root).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
-    computing = {k: v for k, v in per.items() if Path(k).name not in NOT_COMPUTING}
-    total = hashlib.sha256("".join(f"{k}:{v}\n" for k, v in computing.items()).encode()).hexdigest()
-    return {"sha256": total, "files": per, "not_hashed": list(NOT_COMPUTING)}
+    hashed = [f.relative_to(root).as_posix() for f in computing_files(root)]
+    total = hashlib.sha256("".join(f"{k}:{per[k]}\n" for k in hashed).encode()).hexdigest()
+    return {"sha256": total, "files": per, "hashed": hashed}
 
 
 def changed_sources(manifest: Mapping, root: Path | None = None) -> list[str]:
-    """The computing source files that differ from (or are missing in / new since) the manifest's."""
+    """The source files that determine a run's numbers, now or when the manifest was written, whose
+    sha256 differs from the manifest's: changed, new since, or missing now (a file the manifest
+    hashed that has moved or gone counts as changed). A manifest without ``hashed`` (written before
+    the package was laid out by concept) hashed every file it lists but those it names
+    ``not_hashed``."""
     now = source_hashes(root)
-    then = manifest.get("sources", {}).get("files", {})
-    keys = {k for k in {*now["files"], *then} if Path(k).name not in NOT_COMPUTING}
+    src = manifest.get("sources", {})
+    then = src.get("files", {})
+    if "hashed" in src:
+        then_hashed = set(src["hashed"])
+    else:
+        skip = set(src.get("not_hashed", _OLD_NOT_COMPUTING))
+        then_hashed = {k for k in then if Path(k).name not in skip}
+    keys = {*now["hashed"], *then_hashed}
     return sorted(k for k in keys if now["files"].get(k) != then.get(k))
 
 

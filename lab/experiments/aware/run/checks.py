@@ -50,7 +50,7 @@ def mini_llava_skeleton():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lab.experiments.aware.minillava import MiniLlava, smollm2_gguf
+    from lab.experiments.aware.run.minillava import MiniLlava, smollm2_gguf
 
     folder, gguf = smollm2_gguf()
     layers = _gguf_int(Path(folder) / gguf, "llama.block_count")
@@ -63,7 +63,7 @@ def mini_llava_skeleton():
 def check_targets(targets: str, *, param: str = "--targets", exclude: str | None = VISION_EXCLUDE,
                   model: str | None = None) -> tuple[str, ...]:
     """Target patterns compiled and matched against the mini-LLaVA's Linear layers (or, with
-    ``model``, a hub LLaVA's from its config: :func:`lab.experiments.aware.hub_llava.skeleton`)
+    ``model``, a hub LLaVA's from its config: :func:`lab.experiments.aware.run.hub_llava.skeleton`)
     before any model is loaded; one line naming ``param`` on a malformed or unmatched pattern."""
     from lab import _validate
     from lab.aware.targets import expand_targets, find_targets
@@ -75,7 +75,7 @@ def check_targets(targets: str, *, param: str = "--targets", exclude: str | None
     _validate.regexes(param, patterns)
     what = "the mini-LLaVA"
     if model is not None:
-        from lab.experiments.aware.hub_llava import skeleton
+        from lab.experiments.aware.run.hub_llava import skeleton
 
         what, model = model, skeleton(model)
         if model is None:       # only the hub has its config: checked when the model loads

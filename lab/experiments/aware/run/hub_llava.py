@@ -2,7 +2,7 @@
 from the hub (``llava-hf/llava-1.5-7b-hf``, the paper's model) or a local folder.
 
 The harness was written for the offline mini-LLaVA; this module gives it what it needs from a real
-LLaVA, and ``lab aware ... --model NAME`` dispatches here (:func:`lab.experiments.aware.context.setup`):
+LLaVA, and ``lab aware ... --model NAME`` dispatches here (:func:`lab.experiments.aware.run.context.setup`):
 
 - the model itself: ``model.model.multi_modal_projector`` (``linear_1``/``linear_2``, which
   :func:`lab.aware.targets.is_projector` names a projector) and the language model's ``q_proj`` /
@@ -13,7 +13,7 @@ LLaVA, and ``lab aware ... --model NAME`` dispatches here (:func:`lab.experiment
   ``pixel_values`` from its image processor — the inputs ``processor(text=..., images=...)``
   returns, plus the answer tokens and the harness's left padding, ``position_ids`` and ``labels``.
   The tasks keep raw uint8 images (:func:`raw_images`) instead of the mini-LLaVA's cached tokens.
-- scoring: the same KV-cached option scorer and greedy answers (:mod:`lab.experiments.aware.scoring`)
+- scoring: the same KV-cached option scorer and greedy answers (:mod:`lab.experiments.aware.run.scoring`)
   continue the text with the whole LLaVA (its ``language_model`` is the decoder without its head).
 
 Weights come through ``huggingface_hub`` (its cache, ``$HF_ENDPOINT``, ``$HF_HUB_OFFLINE``, proxies):
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lab.experiments.aware.prompts import ChatEncoder
+from lab.experiments.aware.run.prompts import ChatEncoder
 
 DEFAULT = "llava-hf/llava-1.5-7b-hf"
 # LLaVA-1.5's short-answer instruction (its VQA evaluation prompts end with it)
@@ -198,7 +198,7 @@ def is_hub_llava(model) -> bool:
 
 def raw_images(images, *, return_key: bool = False, **_ignored):
     """The tasks' images as they are (uint8 ``[N, H, W, 3]``; grey images get three channels): the
-    processor resizes them per batch. Same call as :func:`~lab.experiments.aware.minillava.visual_tokens`
+    processor resizes them per batch. Same call as :func:`~lab.experiments.aware.run.minillava.visual_tokens`
     (``grid``, ``cache_dir``, ``progress`` mean nothing here); the key names the image bytes."""
     arr = np.ascontiguousarray(images)
     if len(arr) == 0:
@@ -213,7 +213,7 @@ def raw_images(images, *, return_key: bool = False, **_ignored):
 
 
 class HubEncoder(ChatEncoder):
-    """:class:`~lab.experiments.aware.prompts.ChatEncoder` for a LLaVA's processor: the same
+    """:class:`~lab.experiments.aware.run.prompts.ChatEncoder` for a LLaVA's processor: the same
     ``encode`` / ``collate`` / ``option_ids`` contract, batches as the processor builds them.
 
     A prompt is the processor's chat template over one user turn (``[image,] question\\n`` +
@@ -246,7 +246,7 @@ class HubEncoder(ChatEncoder):
         return self.processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
 
     def encode(self, question: str, answer: str | None = None, *, image: bool = False):
-        from lab.experiments.aware.prompts import Encoded
+        from lab.experiments.aware.run.prompts import Encoded
 
         key = (question, answer, image)
         hit = self._cache.get(key)
@@ -314,7 +314,7 @@ def random_llava(shape: str = "tiny", *, words: Iterable[str] = (), seed: int = 
     from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
                               LlavaForConditionalGeneration, LlavaProcessor)
 
-    from lab.experiments.aware.tiny import tiny_tokenizer
+    from lab.experiments.aware.run.tiny import tiny_tokenizer
 
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose from {list(SHAPES)}")

@@ -20,8 +20,8 @@ from lab.aware import metrics as M
 from lab.aware.config import AwareConfig
 from lab.aware.methods import MethodSpec, uses_saliency
 from lab.aware.saliency import profile
-from lab.experiments.aware.finetune import evaluate, fit, for_scoring
-from lab.experiments.aware.profiling import calibration_batches
+from lab.experiments.aware.run.finetune import evaluate, fit, for_scoring
+from lab.experiments.aware.run.profiling import calibration_batches
 
 ORDER = ("fashion", "digits", "even")
 _PER_TASK_CALIB = 32   # train questions of each finished task added to the calibration set

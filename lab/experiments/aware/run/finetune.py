@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from lab.experiments.aware.prompts import ChatEncoder
-from lab.experiments.aware.scoring import answer_loss, greedy_answers, option_scores
-from lab.experiments.aware.tasks import QASet, exact_match
+from lab.experiments.aware.run.prompts import ChatEncoder
+from lab.experiments.aware.run.scoring import answer_loss, greedy_answers, option_scores
+from lab.experiments.aware.run.tasks import QASet, exact_match
 
 
 PRECISIONS = ("fp32", "bf16")
@@ -45,7 +45,7 @@ def for_scoring(model: nn.Module, precision: str) -> nn.Module:
 class TrainConfig:
     """Optimisation recipe: the reference's (weight decay 0, 3% warm-up then cosine) with a faster
     projector so a few dozen steps learn a new visual task, and each method's own language-model
-    (or adapter) lr chosen on validation questions by ``lab aware tune`` (:mod:`lab.experiments.aware.tune`;
+    (or adapter) lr chosen on validation questions by ``lab aware tune`` (:mod:`lab.experiments.aware.run.tune`;
     the grids and what they chose: docs/aware.md, "Learning rates"): full 2e-5 (the reference's),
     LoRA/DoRA 1e-4, AWARe 3e-4.
     ``lr_aware=None`` gives AWARe the same lr as full fine-tuning, as the reference does."""
@@ -145,7 +145,7 @@ def fit(model: nn.Module, spec, cfg: TrainConfig, qa: QASet, enc: ChatEncoder, *
     (:func:`lab.aware.methods.prepare`; a random selection rule draws from ``cfg.seed``), train it on
     ``qa`` with ``cfg``, bring it back to a standard model. ``fresh``: work on a copy (the base stays
     untouched); ``trainer``: a function with :func:`train`'s signature (several processes:
-    :meth:`lab.experiments.aware.distributed.Session.train`).
+    :meth:`lab.experiments.aware.run.distributed.Session.train`).
     Returns ``(model, info, log, train_s)``: ``info`` from ``prepare`` (trainable counts, masks)."""
     import copy
     from dataclasses import replace

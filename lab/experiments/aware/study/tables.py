@@ -19,7 +19,7 @@ import numpy as np
 
 from lab import stats
 from lab.aware.methods import main_method, method_variant, reference_method, table_columns
-from lab.experiments.aware import fronts as F
+from lab.experiments.aware.study import fronts as F
 
 REFERENCE = method_variant(main_method())          # methods/aware: every ablation's reference
 _FULL = method_variant(reference_method())         # methods/full: what E is relative to
@@ -94,7 +94,7 @@ def runs_table(env, records: list[dict]):
     """One row per test run: its variant, rates, seed, precision and every metric (:func:`fronts.run_metrics`)."""
     import pandas as pd
 
-    from lab.experiments.aware.plan import variant_id, variants
+    from lab.experiments.aware.study.plan import variant_id, variants
 
     cfg = env.cfg
     vinfo = {variant_id(v): v for v in variants(cfg)}
@@ -245,7 +245,7 @@ def continual_tables(cont_recs: list[dict], env):
     import pandas as pd
 
     from lab.aware import metrics as M
-    from lab.experiments.aware.continual import ORDER
+    from lab.experiments.aware.run.continual import ORDER
 
     if not cont_recs:
         return pd.DataFrame(), pd.DataFrame(), pd.DataFrame(), pd.DataFrame()
@@ -297,8 +297,8 @@ def continual_tables(cont_recs: list[dict], env):
 
 
 def build(env, res: Mapping) -> dict:
-    """Every table of the study from its records (``res``: :func:`lab.experiments.aware.runner.run_all`
-    or :func:`~lab.experiments.aware.runner.collect`)."""
+    """Every table of the study from its records (``res``: :func:`lab.experiments.aware.study.runner.run_all`
+    or :func:`~lab.experiments.aware.study.runner.collect`)."""
     import pandas as pd
 
     cfg = env.cfg

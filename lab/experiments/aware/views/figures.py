@@ -1,5 +1,5 @@
 """Plotly figures over saliency vectors and masks for notebook 03 (built on
-:mod:`lab.experiments.aware.tables`; "x uniform" units explained there).
+:mod:`lab.experiments.aware.study.profile_tables`; "x uniform" units explained there).
 """
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Mapping
 import numpy as np
 from torch import Tensor
 
-from lab.experiments.aware.tables import MAIN_TARGETS, density, frozen_table, layer_table, lorenz, relative, targets_in
+from lab.experiments.aware.study.profile_tables import (MAIN_TARGETS, density, frozen_table, layer_table, lorenz,
+                                                       relative, targets_in)
 
 
 def _grid(scores: Mapping[str, Tensor], target: str, *, sort: bool, values=None) -> tuple[np.ndarray, list[int]]:
@@ -126,7 +127,7 @@ def frozen_by_layer(selections: Mapping[str, Mapping[str, Tensor]], targets=MAIN
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from lab.experiments.aware.tables import ALL_TARGETS
+    from lab.experiments.aware.study.profile_tables import ALL_TARGETS
 
     palette = dict(zip(ALL_TARGETS, ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")))
     per = {k: frozen_table(m) for k, m in selections.items()}

@@ -5,16 +5,16 @@ reference's 2e-5 the ~9 % of q/k/v rows AWARe trains barely move in a few dozen 
 fine-tuning at 1e-4 collapses. :func:`tune` picks each method's rate the way a careful paper would:
 
 1. **Held-out questions.** Downstream: ``n_val`` questions from the task's *train* split, disjoint
-   from the training pool (:func:`lab.experiments.aware.tasks.downstream_validation`). Upstream: ``n_val``
+   from the training pool (:func:`lab.experiments.aware.run.tasks.downstream_validation`). Upstream: ``n_val``
    easy-VQA train questions about images the projector was never aligned on
-   (:func:`lab.experiments.aware.tasks.easy_vqa_validation`). The text probe stays wholly held out for testing,
+   (:func:`lab.experiments.aware.run.tasks.easy_vqa_validation`). The text probe stays wholly held out for testing,
    so validation R is easy-VQA retention alone.
 2. **Full fine-tuning first**: its language-model lr with the best validation downstream accuracy —
    it is the reference E is measured against, so it should learn as well as it can.
 3. **Every other method**: the lr with the best validation H (E against step 2's choice), i.e. the
    rate that best balances keeping and learning. Ties go to the smaller lr.
 
-Every candidate is one run of the sweep's own harness (:func:`lab.experiments.aware.ablate.run_variant`) at the
+Every candidate is one run of the sweep's own harness (:func:`lab.experiments.aware.run.ablate.run_variant`) at the
 sweep's steps and batch; with several ``seeds`` the validation accuracies are averaged over them
 before choosing. ``lab aware tune`` runs it and prints the flags to use.
 """
@@ -57,10 +57,10 @@ def check_grids(grids: dict) -> dict:
 
 
 def validation_context(ctx, task: str, n_val: int, *, cache_dir=None, progress: bool = True):
-    """A copy of the sweep's :class:`~lab.experiments.aware.context.Context` whose evaluation sets are the
+    """A copy of the sweep's :class:`~lab.experiments.aware.run.context.Context` whose evaluation sets are the
     validation questions (train pool and calibration sets shared with ``ctx``)."""
-    from lab.experiments.aware import tasks
-    from lab.experiments.aware.tasks import Task
+    from lab.experiments.aware.run import tasks
+    from lab.experiments.aware.run.tasks import Task
 
     size = ctx.size
     kw = dict(grid=size.grid, cache_dir=cache_dir, progress=progress, vision=ctx.info.get("vision"))
@@ -89,16 +89,16 @@ def tune(ctx, *, task: str = "fashion", grids: dict | None = None, seeds=(0,), n
          address: str | None = None) -> dict:
     """Run every candidate lr (x seed) on the validation questions; returns ``{'table'`` (mean over
     seeds), ``'runs'`` (one row per seed), ``'chosen', 'before', 'run_dir'}``. ``ctx``: a prepared
-    sweep context with ``task`` built (:func:`lab.experiments.aware.context.setup`)."""
+    sweep context with ``task`` built (:func:`lab.experiments.aware.run.context.setup`)."""
     import pandas as pd
 
     from lab import runs
     from lab._io import write_json, write_table
     from lab.aware.methods import MethodSpec, lr_field, reference_method, uses_saliency
     from lab.aware.saliency import profile
-    from lab.experiments.aware.ablate import Variant, VariantRun, run_variants
-    from lab.experiments.aware.context import MAIN, upstream
-    from lab.experiments.aware.profiling import calibration_batches
+    from lab.experiments.aware.run.ablate import Variant, VariantRun, run_variants
+    from lab.experiments.aware.run.context import MAIN, upstream
+    from lab.experiments.aware.run.profiling import calibration_batches
 
     grids = check_grids(dict(default_grids() if grids is None else grids))
     if task not in ctx.down:

@@ -27,14 +27,14 @@ from lab.aware.masking import check_rho, needs_saliency, select
 from lab.aware.methods import (MethodSpec, get_method, lr_field, main_method, method_names, reference_method,
                                table_columns, uses_saliency)
 from lab.aware.saliency import Saliency
-from lab.experiments.aware.context import MAIN, Context, Size, setup, upstream
-from lab.experiments.aware.finetune import TrainConfig, evaluate, fit
+from lab.experiments.aware.run.context import MAIN, Context, Size, setup, upstream
+from lab.experiments.aware.run.finetune import TrainConfig, evaluate, fit
 
 
 def tasks_for(groups, task: str, order: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """The downstream tasks a sweep of ``groups`` (None: all) on ``task`` needs: the continual
     sequence needs every task of its ``order``."""
-    from lab.experiments.aware.continual import ORDER
+    from lab.experiments.aware.run.continual import ORDER
 
     seq = tuple(order or ORDER) if groups is None or "continual" in groups else ()
     return tuple(dict.fromkeys([task, *seq]))
@@ -94,7 +94,7 @@ def run_variant(ctx: Context, v: Variant, task: str, seed: int, *, before: Mappi
     Reads ``ctx`` and writes nothing shared: ``before`` (upstream skills of the base) and
     ``saliency`` (the profile of the variant's calibration set, :func:`profile_calibrations`) are
     computed once beforehand and passed in. ``trainer``: a function with :func:`train`'s signature
-    (default :func:`train`; several processes: :meth:`lab.experiments.aware.distributed.Session.train`)."""
+    (default :func:`train`; several processes: :meth:`lab.experiments.aware.run.distributed.Session.train`)."""
     cfg = replace(v.train or ctx.size.train, seed=seed)
     model, info, log, train_s = fit(ctx.base, v.spec, cfg, ctx.down[task].train, ctx.enc, saliency=saliency,
                                     progress=progress, desc=f"{v.group}/{v.label}", trainer=trainer)
@@ -170,7 +170,7 @@ def profile_calibrations(ctx: Context, chosen: list[Variant], *, targets: str = 
     """``{(kind, n): Saliency}`` of the base model for every calibration set a variant's method
     needs (all targets hooked at once, so every target preset can select from the same profile)."""
     from lab.aware.saliency import profile
-    from lab.experiments.aware.profiling import calibration_batches
+    from lab.experiments.aware.run.profiling import calibration_batches
 
     needed = sorted({v.calib_key(ctx.size) for v in chosen if uses_saliency(v.spec)})
     return {key: profile(ctx.base, calibration_batches(ctx.calib[key], ctx.enc), targets=targets, progress=progress)
@@ -214,7 +214,7 @@ def sweep(ctx: Context, *, seeds: tuple[int, ...] | None = None, groups: tuple[s
     from lab import runs
     from lab._io import write_json, write_table
     from lab.aware.masking import composition
-    from lab.experiments.aware.continual import ORDER, summarise
+    from lab.experiments.aware.run.continual import ORDER, summarise
 
     size = ctx.size
     seeds = tuple(size.seeds if seeds is None else seeds)
@@ -308,7 +308,7 @@ class VariantRun:
 
 
 def run_one(r: VariantRun, ctx, before: Mapping[str, float], saliency: Mapping) -> dict:
-    """The job: :func:`lab.experiments.aware.ablate.run_variant` on a fresh copy of the base. Torch's
+    """The job: :func:`lab.experiments.aware.run.ablate.run_variant` on a fresh copy of the base. Torch's
     global generator is seeded first (LoRA/DoRA draw their initial matrices from it), so a variant's
     numbers do not depend on what ran before it in the process: the same under either executor, and
     after a resume."""
@@ -351,8 +351,8 @@ class SequenceRun:
 
 
 def run_sequence_one(r: SequenceRun, ctx) -> list[dict]:
-    """The job: :func:`lab.experiments.aware.continual.run_sequence` on a fresh copy of the base."""
-    from lab.experiments.aware.continual import run_sequence
+    """The job: :func:`lab.experiments.aware.run.continual.run_sequence` on a fresh copy of the base."""
+    from lab.experiments.aware.run.continual import run_sequence
 
     torch.manual_seed(r.seed)
     return run_sequence(ctx, r.method, r.seed, order=r.order, aware=MAIN, progress=False)

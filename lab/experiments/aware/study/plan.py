@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from lab.aware.config import AwareConfig
 from lab.aware.methods import (METHODS, MethodSpec, get_method, lr_field, main_method, method_variant,  # noqa: F401
                                reference_method)
-from lab.experiments.aware.ablate import Variant
+from lab.experiments.aware.run.ablate import Variant
 
 # Bump when a change of the run code changes a finished run's numbers (scoring, training loop, data).
 # 2: options shuffled per question, ties and non-finite scores wrong, LoRA/DoRA seeded, 320-item probe.
@@ -32,7 +32,7 @@ MAIN = AwareConfig(rho=0.3, rule="activation-global", targets="qkv+projector")
 
 @dataclass(frozen=True)
 class StudyConfig:
-    """How big the study is. ``size``: the :data:`lab.experiments.aware.context.SIZES` preset whose
+    """How big the study is. ``size``: the :data:`lab.experiments.aware.run.context.SIZES` preset whose
     aligned projector and train pool are reused; the other fields replace the preset's.
 
     Every trained variant runs on a learning-rate *front*: its method's base recipe (``Method.rate``
@@ -45,7 +45,7 @@ class StudyConfig:
     size: str = "default"
     tiny: bool = False                 # a random 2-layer Llama (tests and smoke renders only)
     task: str = "fashion"
-    precision: str = "bf16"            # bf16 autocast training, bf16 scoring (lab.experiments.aware.finetune)
+    precision: str = "bf16"            # bf16 autocast training, bf16 scoring (lab.experiments.aware.run.finetune)
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)   # test seeds: the methods group's fronts
     ablation_seeds: int = 3            # every other group: the first this many of ``seeds``
     tune_seeds: tuple[int, ...] = (100,)   # tuning seeds: rate choices only, never a test seed
@@ -86,7 +86,7 @@ class StudyConfig:
             raise ValueError("scales are distinct positive multiples of each method's base rate")
         if not 1 <= self.keep <= len(self.scales):
             raise ValueError(f"keep is between 1 and the number of scales ({len(self.scales)})")
-        from lab.experiments.aware.finetune import PRECISIONS
+        from lab.experiments.aware.run.finetune import PRECISIONS
 
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose from {list(PRECISIONS)}")
@@ -113,7 +113,7 @@ class StudyConfig:
         return tuple(self.seeds) if group == "methods" else tuple(self.seeds[: self.ablation_seeds])
 
     def to_size(self):
-        from lab.experiments.aware.context import SIZES
+        from lab.experiments.aware.run.context import SIZES
 
         base = SIZES[self.size]
         return replace(base, n_eval=self.n_eval, n_easy_eval=self.n_easy_eval, n_probe=self.n_probe,
@@ -214,7 +214,7 @@ def data_fingerprint(cfg: StudyConfig, device: str) -> str:
     """What every run of a study shares and what changes its numbers apart from the job itself: the
     data (alignment, training pool, every evaluation set and its size), the model, the device, the
     precision the base model is scored in."""
-    from lab.experiments.aware.tasks import PROBE_FILE
+    from lab.experiments.aware.run.tasks import PROBE_FILE
 
     s = cfg.to_size()
     data = {"tiny": cfg.tiny, "task": cfg.task, "device": device, "n_align": s.n_align, "align": asdict(s.align),
@@ -250,7 +250,7 @@ def job_key(fp: str, job: Job, cfg: StudyConfig) -> str:
 
 
 def continual_key(fp: str, job: ContinualJob, cfg: StudyConfig) -> str:
-    from lab.experiments.aware.continual import ORDER
+    from lab.experiments.aware.run.continual import ORDER
 
     payload = {"fp": fp, "continual": asdict(job), "order": ORDER, "main": MAIN.to_dict(),
                "train": asdict(train_config(cfg, job.method, job.scale, job.seed, steps=cfg.continual_steps)),
