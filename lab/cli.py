@@ -202,6 +202,8 @@ def _interrupted(args, argv: list[str]) -> str:
     """The one line Ctrl-C prints: where the run was writing and how to continue it."""
     from lab import runs
 
+    if callable(getattr(args, "interrupted", None)):   # a command that knows its own resume line
+        return args.interrupted(args, argv)
     folder = runs.active() or getattr(args, "run_dir", None) or getattr(args, "resume", None)
     if folder is not None and not os.path.isdir(folder):
         folder = None

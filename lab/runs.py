@@ -14,6 +14,7 @@ line prints it, with how to resume, on Ctrl-C).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -200,3 +201,24 @@ def versions() -> dict[str, str]:
     except ImportError:
         pass
     return out
+
+
+@contextlib.contextmanager
+def terminated_as_interrupted():
+    """SIGTERM (``kill``, a scheduler stopping the job) ends a long command as Ctrl-C does: the
+    finished work is kept and the command prints the line that resumes it (``lab.cli.main``)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)

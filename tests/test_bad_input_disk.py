@@ -326,6 +326,27 @@ def test_a_stopped_study_prints_the_resume_command(sig, tmp_path):
                     f"with: lab tosca study {' '.join(argv[2:-2])} --out {out}"), line
 
 
+@pytest.mark.slow
+@hard_timeout(900)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_aware_study_prints_the_resume_command_and_resumes(sig, tmp_path):
+    """The AWARe study stopped once its first run file landed: one line naming where the finished
+    runs are and the command that resumes it (without --replace); the rerun skips what was kept."""
+    out = tmp_path / "aware"
+    argv = ["aware", "study", "--preset", "smoke", "--executor", "local", "--quiet", "--replace",
+            "--cache-dir", str(tmp_path / "cache"), "--out", str(out)]
+    p = _stop(argv, _env(), lambda: bool(list(out.glob("runs/*.json"))), sig, timeout=600)
+    line = _one_line(p, 130)
+    assert line == (f"lab aware study: interrupted; finished runs are kept in {out}/runs/ and skipped: resume with: "
+                    f"lab aware study --preset smoke --executor local --quiet --cache-dir {tmp_path / 'cache'} "
+                    f"--out {out}"), line
+    kept = {f.name: f.read_bytes() for f in out.glob("runs/*.json")}
+    assert kept and not list(out.glob("runs/.*"))   # no half-written run file
+    status = _lab(line.split("resume with: ", 1)[1].split()[1:] + ["--status"], _env())
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert all(f.read_bytes() == b for f in out.glob("runs/*.json") if (b := kept.get(f.name)) is not None)
+
+
 # --- weights files that are pickles ---------------------------------------------------------------------
 @hard_timeout(600)
 @pytest.mark.parametrize("command", [["tosca", "--epochs", "1"], ["features", "--splits", "test"]], ids=["tosca", "features"])

@@ -551,6 +551,23 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def interrupted_study(argv: list[str], out: str) -> str:
+    """What a stopped ``lab aware study`` prints: where its finished runs are and the command that
+    resumes it (the same options on the same folder, without ``--replace``, which would start over)."""
+    import shlex
+
+    keep, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--out", "--replace"):
+            skip = a == "--out"
+        elif not a.startswith("--out="):
+            keep.append(a)
+    return (f"lab aware study: interrupted; finished runs are kept in {out}/runs/ and skipped: resume with: "
+            f"{shlex.join(['lab', *keep, '--out', str(out)])}")
+
+
 def cmd_study(args) -> int:
     import shlex
     import sys
@@ -588,11 +605,14 @@ def cmd_study(args) -> int:
 
     track = tracking.start(args.track, "lab aware study")    # mlflow imports, its store opens
     _threads()
+    from lab import runs
     from lab.experiments.aware.study.shipped import run_study
 
-    res = run_study(cfg, out, command="lab " + shlex.join(sys.argv[1:]), cache_dir=args.cache_dir, device=args.device,
-                    progress=not args.quiet, executor=args.executor, address=args.address, workers=args.workers,
-                    status_only=args.status, tables_only=args.tables_only)
+    args.interrupted = lambda args, argv: interrupted_study(argv, out)   # the line Ctrl-C / SIGTERM prints
+    with runs.terminated_as_interrupted():
+        res = run_study(cfg, out, command="lab " + shlex.join(sys.argv[1:]), cache_dir=args.cache_dir,
+                        device=args.device, progress=not args.quiet, executor=args.executor, address=args.address,
+                        workers=args.workers, status_only=args.status, tables_only=args.tables_only)
     if res.get("status") is not None:
         print(res["status"])
         return 0

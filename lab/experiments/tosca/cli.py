@@ -369,13 +369,13 @@ def is_sweep(args) -> bool:
 
 def cmd_tosca(args) -> int:
     check_args(args)                # before torch is imported: a usage error answers at once
-    from lab import tracking
+    from lab import runs, tracking
 
     track = tracking.start(args.track, "lab tosca", root=args.runs_dir)   # mlflow imports, its store opens
     from . import tracked
     from .run import run
 
-    with terminated_as_interrupted(), disk_full_resumes():
+    with runs.terminated_as_interrupted(), disk_full_resumes():
         if is_sweep(args):
             return cmd_sweep(args, track)
         # a resumed run continues with its stored config (the options typed agree with it: check_resume)
@@ -384,27 +384,6 @@ def cmd_tosca(args) -> int:
     print(format_summary(res))
     tracking.log_run(track, res.run_dir, lambda: tracked.run(res))
     return 0
-
-
-@contextlib.contextmanager
-def terminated_as_interrupted():
-    """SIGTERM (``kill``, a scheduler stopping the job) ends a long command as Ctrl-C does: the
-    finished work is kept and the command prints the line that resumes it (``lab.cli.main``)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 @contextlib.contextmanager
@@ -494,7 +473,7 @@ def study_main(argv, prog: str = "lab tosca study") -> int:
     except (ImportError, ValueError, RuntimeError) as exc:
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
         return 2
-    with terminated_as_interrupted():
+    with runs.terminated_as_interrupted():
         rc = study.main(with_default_executor(rest), prog=prog)
     try:
         if rc == 0:
