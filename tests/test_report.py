@@ -563,9 +563,18 @@ def test_ctrl_c_shuts_every_kernel_down_and_says_how_to_render_the_rest(tmp_path
         nbformat.write(nb, tmp_path / "nb" / f"{name}.ipynb")
     out, runtime = tmp_path / "out", tmp_path / "tmp"     # the kernels' connection files: temporary files
     runtime.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "lab", "report", "--notebooks", str(tmp_path / "nb"), "--out",
-                             str(out), "--no-png", "--jobs", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env={**os.environ, "TMPDIR": str(runtime)})
+    # SIGINT at its default in the child, as a terminal leaves it: a test runner's worker (pytest-xdist)
+    # may ignore SIGINT, and an ignored signal stays ignored across exec
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    old_mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "lab", "report", "--notebooks", str(tmp_path / "nb"), "--out",
+                                 str(out), "--no-png", "--jobs", "2"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                env={**os.environ, "TMPDIR": str(runtime)})
+    finally:
+        signal.signal(signal.SIGINT, old_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     try:
         deadline = time.monotonic() + 90
         while len(list(runtime.glob("*.json"))) < 2 and time.monotonic() < deadline:
