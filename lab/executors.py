@@ -68,11 +68,11 @@ def has_ray() -> bool:
         return False
 
 
-def add_arguments(parser, kept: str) -> None:
-    """A command's ``--executor`` / ``--address``; ``kept`` says where finished variants are kept."""
+def add_arguments(parser, kept: str, unit: str = "variant") -> None:
+    """A command's ``--executor`` / ``--address``; ``kept`` says where finished ``unit``\s are kept."""
     parser.add_argument("--executor", default="local", choices=list(EXECUTORS),
-                        help="local: one variant after another (default); ray: one Ray task per variant (pip install -e "
-                             f"'.[scale]'); finished variants are kept in {kept}")
+                        help=f"local: one {unit} after another (default); ray: one Ray task per {unit} (pip install -e "
+                             f"'.[scale]'); finished {unit}s are kept in {kept}")
     parser.add_argument("--address", default=None,
                         help="join the Ray cluster at this address (e.g. auto or HOST:6379; with --executor ray; "
                              "default: a local Ray on this machine's cores)")

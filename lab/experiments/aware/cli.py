@@ -103,13 +103,15 @@ def register(subparsers) -> None:
     q.add_argument("--run-dir", default=None, help="output folder (default: a new unique runs/aware/... folder)")
     executor_args(q)
     q.set_defaults(func=cmd_tune)
-    q = sub.add_parser("study", help="the shipped study: every group, several seeds, a tuned lr per variant, 95%% intervals",
-                       description="Tune every variant's learning rate on validation questions (grids extended past "
-                                   "an edge choice), run every variant on every seed, the continual sequence (paper "
-                                   "protocol and the replay extension), and write tidy tables with paired-bootstrap "
-                                   "intervals plus manifest.json into --out. Every finished run is written at once "
-                                   "to OUT/runs/<key>.json and skipped when the study is started again, so an "
-                                   "interrupted study resumes where it stopped.")
+    q = sub.add_parser("study", help="the shipped study: every method's learning-rate front on 5 test seeds, the "
+                                     "ablations at their best rates, 95%% t-intervals paired by seed",
+                       description="Run every method's learning-rate front (each scale of its base recipe on every "
+                                   "test seed), choose each ablation variant's best scales on tuning seeds that are "
+                                   "never test seeds and run those on the test seeds, run the continual sequence "
+                                   "(paper protocol and the replay extension), and write tidy tables with 95 % "
+                                   "t-intervals over seeds (paired by seed for differences) plus manifest.json into "
+                                   "--out. Every finished run is written at once to OUT/runs/<key>.json and skipped "
+                                   "when the study is started again, so an interrupted study resumes where it stopped.")
     q.add_argument("--out", default=None,
                    help="study folder (default: results/aware for --preset shipped, which resumes the shipped "
                         "study; a new runs/aware/study-... folder for any other preset)")
@@ -126,7 +128,7 @@ def register(subparsers) -> None:
     q.add_argument("--cache-dir", default=None, help="cache root (default $LAB_CACHE_DIR or ~/.cache/continual-lab)")
     q.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     q.add_argument("--quiet", action="store_true", help="no progress lines")
-    executor_args(q)
+    executor_args(q, kept="OUT/runs/ and skipped when the study is started again", unit="run")
     q.add_argument("--workers", type=int, default=None,
                    help="CPUs of the local Ray instance, one run each (with --executor ray; default: all cores)")
     tracking.add_argument(q)
@@ -149,11 +151,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), 0)[1])
 
 
-def executor_args(q) -> None:
+def executor_args(q, kept: str = "RUN_DIR/variants/ and skipped when rerun with --run-dir",
+                  unit: str = "variant") -> None:
     """``--executor`` / ``--address`` of a sweep (:func:`lab.executors.add_arguments`)."""
     from lab import executors
 
-    executors.add_arguments(q, "RUN_DIR/variants/ and skipped when rerun with --run-dir")
+    executors.add_arguments(q, kept, unit)
 
 
 STEPS_MAX = 1_000_000      # --steps (the shipped study: 64 per run)
