@@ -69,7 +69,7 @@ def has_ray() -> bool:
 
 
 def add_arguments(parser, kept: str, unit: str = "variant") -> None:
-    """A command's ``--executor`` / ``--address``; ``kept`` says where finished ``unit``\s are kept."""
+    """A command's ``--executor`` / ``--address``; ``kept`` says where finished ones (``unit``: what one Ray task runs) are kept."""
     parser.add_argument("--executor", default="local", choices=list(EXECUTORS),
                         help=f"local: one {unit} after another (default); ray: one Ray task per {unit} (pip install -e "
                              f"'.[scale]'); finished {unit}s are kept in {kept}")

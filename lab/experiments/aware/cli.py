@@ -628,7 +628,9 @@ def cmd_study(args) -> int:
             d = "" if not r["seeds"] else f"{r['diff']:+.1f} pts (one seed), " if math.isnan(r["lo"]) else \
                 f"{r['diff']:+.1f} [{r['lo']:+.1f}, {r['hi']:+.1f}] pts, "
             print(f"  {r['finding']} ({r['b'].split('/')[-1]}): {d}{r['verdict']}")
-    print(f"\nwall time {res['manifest']['wall_s']:.0f}s; tables and manifest.json in {res['out']}")
+    m = res["manifest"]
+    regen = (m.get("regenerations") or [{}])[-1] if args.tables_only else {}
+    print(f"\nwall time {regen.get('wall_s', m['wall_s']):.0f}s; tables and manifest.json in {res['out']}")
     tracking.log_run(track, res["out"], lambda: tracked.study(res, args.preset))
     return 0
 

@@ -363,3 +363,29 @@ def test_a_point_learned_only_when_its_pooled_answers_also_clear_the_floor():
     f = fronts_table(runs, floor=0.128).set_index("variant")
     assert f.loc["a", "downstream_lo"] > 0.128            # the seeds' interval alone would pass it
     assert not f.loc["a", "learned"] and f.loc["b", "learned"] and not f.loc["c", "learned"]
+
+
+def test_a_study_resumed_across_code_versions_says_which_recorded_its_runs(smoke_study, tmp_path):
+    """Runs recorded by two versions of the computing sources: the manifest (after its JSON round
+    trip) lists both, oldest first, with their run counts, and the provenance line says so."""
+    import json
+    import shutil
+
+    from lab.experiments.aware.views import study as sv
+
+    res, cache, out = smoke_study
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    files = sorted((again / "runs").glob("*.json"), key=lambda p: json.loads(p.read_text())["finished"])
+    old = files[: len(files) // 2]
+    for p in old:    # the older half as if recorded before a refactor ("f" * 64 sorts last by name: order is by date)
+        r = json.loads(p.read_text())
+        r["code"], r["finished"] = "f" * 64, "2000-01-01T00:00:00+00:00"
+        p.write_text(json.dumps(r))
+    shipped.run_study(plan.PRESETS["smoke"], again, command="regen", cache_dir=cache, progress=False, tables_only=True)
+    versions = json.loads((again / "manifest.json").read_text())["runs"]["code_versions"]
+    assert [v["sha256"] for v in versions][0] == "f" * 12 and len(versions) == 2
+    assert sum(v["runs"] for v in versions) == len(files) and versions[0]["runs"] == len(old)
+    line = sv.provenance(sv.load_study(again), code_check=False)
+    assert f"recorded by 2 versions of the computing sources (`{'f' * 12}` {len(old)}" in line
+    assert "tables last regenerated from its runs" in line

@@ -89,8 +89,10 @@ def run_account(records: Iterable[Mapping]) -> dict:
     their summed run time; ``machine_s``, the wall clock during which at least one of them was running
     (the union of ``[finished - seconds, finished]``), ``concurrent_s`` of it with two or more at once;
     ``first_started`` and ``last_finished``; ``machines``, the machines they ran on (as each run
-    recorded it: the manifest's ``machine`` is where the tables were written). Records are told
-    apart by ``key`` (their file name)."""
+    recorded it: the manifest's ``machine`` is where the tables were written); ``code_versions``, how
+    many runs each version of the computing sources recorded (:func:`code_versions`: a study that
+    resumed across refactors holds several). Records are told apart by ``key`` (their
+    file name)."""
     import datetime
 
     runs = {}
@@ -115,7 +117,21 @@ def run_account(records: Iterable[Mapping]) -> dict:
             "machine_s": busy, "concurrent_s": concurrent,
             "first_started": iso(min(s for s, _ in spans)) if spans else None,
             "last_finished": iso(max(e for _, e in spans)) if spans else None,
-            "machines": sorted({str(r["machine"]) for r in runs.values() if r.get("machine")})}
+            "machines": sorted({str(r["machine"]) for r in runs.values() if r.get("machine")}),
+            "code_versions": code_versions(runs.values())}
+
+
+def code_versions(records: Iterable[Mapping]) -> list[dict]:
+    """The versions of the computing sources the ``records`` were run with (their ``code`` field):
+    ``[{sha256 (first 12 hex digits), runs, first_finished}]``, oldest first (a list: JSON keeps its order)."""
+    first, count = {}, {}
+    for r in records:
+        if r.get("code"):
+            c = str(r["code"])[:12]
+            count[c] = count.get(c, 0) + 1
+            f = str(r.get("finished") or "")
+            first[c] = min(first.get(c, f), f)
+    return [{"sha256": c, "runs": count[c], "first_finished": first[c]} for c in sorted(count, key=lambda c: first[c])]
 
 
 def time_spread(records: Iterable[Mapping]) -> dict | None:

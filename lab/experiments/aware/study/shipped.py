@@ -83,6 +83,11 @@ def cost(cfg, res: dict, *, tables_only: bool, wall_s: float, kept_original: boo
              f"distinct run once), {h(acc['machine_s'])} of the machine's wall clock with at least one running "
              f"({h(acc['concurrent_s'])} of it with two or more at once), from {acc['first_started']} to "
              f"{acc['last_finished']}, on {'; '.join(acc['machines']) or 'an unrecorded machine'}."]
+    if len(acc.get("code_versions") or {}) > 1:
+        words.append(f"The runs were recorded by {len(acc['code_versions'])} versions of the computing sources ("
+                     + ", ".join(f"`{v['sha256']}`: {v['runs']} runs" for v in acc["code_versions"])
+                     + ", oldest first): the study resumed across changes to the code; `lab aware check --run KEY` "
+                     "re-runs a finished run with today's code and compares every answer.")
     if budget:
         ratio = acc["machine_s"] / budget
         words.append(f"Budget {h(budget)} of the machine: the runs used {h(acc['machine_s'])} ({ratio:.1f}x), "

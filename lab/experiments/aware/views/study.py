@@ -182,6 +182,10 @@ def run_cost(m: dict) -> str:
     if r.get("budget_s"):
         words += (f" (budget {r['budget_s'] / 3600:.0f} h: {'over' if r['machine_s'] > r['budget_s'] else 'within'}, "
                   f"{r['machine_s'] / r['budget_s']:.1f}x; {'nothing cut' if r.get('cut') == [] else 'incomplete'})")
+    versions = r.get("code_versions") or []
+    if len(versions) > 1:
+        words += (f"; recorded by {len(versions)} versions of the computing sources ("
+                  + ", ".join(f"`{v['sha256']}` {v['runs']}" for v in versions) + " runs, oldest first)")
     if m.get("tables_only"):
         words += f"; this regeneration of the tables itself took {m.get('wall_s', 0):.0f} s"
     return words
@@ -192,7 +196,10 @@ def provenance(study: dict, *, code_check: bool = True) -> str:
     and a loud line when the code changed."""
     m = study["manifest"]
     cfg = m["config"]
-    lines = [f"**Study** `{_shown(study['path'])}` — command `{m['command']}`; tables written {m['finished']}; "
+    regen = (m.get("regenerations") or [None])[-1]
+    written = (f"tables written {m['finished']}" if not regen else
+               f"started {m.get('started', '?')}, tables last regenerated from its runs {regen['finished']}")
+    lines = [f"**Study** `{_shown(study['path'])}` — command `{m['command']}`; {written}; "
              f"{len(study.get('runs', ()))} test runs finished, {run_cost(m)}; sources sha256 "
              f"`{m['sources']['sha256'][:12]}`. Test seeds {cfg['seeds']} (the methods' fronts; the first "
              f"{cfg['ablation_seeds']} for the ablation variants); tuning seeds {cfg['tune_seeds']}, never test seeds, "
