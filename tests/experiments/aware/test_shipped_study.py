@@ -109,9 +109,10 @@ def test_each_front_point_is_the_mean_over_seeds_and_inside_its_interval(study):
 def test_the_finished_study_spans_each_front(study):
     """Every method's front goes from barely learning to learning the task, and full fine-tuning's
     from keeping to clearly forgetting (so comparisons at matched levels have a range to read)."""
-    if not study["manifest"].get("complete"):
-        pytest.skip("the shipped study is not complete yet (lab aware study --status)")
     f = study["fronts"]
+    seeds = len(study["manifest"]["config"]["seeds"])
+    if not study["manifest"].get("complete") and (f[f.variant.str.startswith("methods/")].seeds < seeds).any():
+        pytest.skip("the shipped study's fronts are not complete yet (lab aware study --status)")
     floor = float(study["baselines"].query("set.str.startswith('downstream')", engine="python").acc.max())
     for v in ("methods/full", "methods/lora", "methods/dora", "methods/aware", "methods/rho=0"):
         g = f[f.variant == v]
