@@ -389,3 +389,35 @@ def test_a_study_resumed_across_code_versions_says_which_recorded_its_runs(smoke
     line = sv.provenance(sv.load_study(again), code_check=False)
     assert f"recorded by 2 versions of the computing sources (`{'f' * 12}` {len(old)}" in line
     assert "tables last regenerated from its runs" in line
+
+
+def _precision_study(r_shift, r_lo, r_hi):
+    """A study holding only the float32 twins' paired checks and one comparison's mean row."""
+    no = "no difference detected"
+    p = pd.DataFrame([
+        {"variant": "methods/aware", "scale": 1.0, "metric": "downstream", "seeds": 3, "diff": -0.01, "lo": -0.05,
+         "hi": 0.03, "direction": no},
+        {"variant": "methods/aware", "scale": 1.0, "metric": "R", "seeds": 3, "diff": r_shift, "lo": r_lo, "hi": r_hi,
+         "direction": no if r_lo < 0 < r_hi else ("lower" if r_hi < 0 else "higher")},
+        {"variant": "methods/aware", "scale": 1.0, "metric": "answered alike: down", "seeds": 3, "diff": 0.95,
+         "lo": np.nan, "hi": np.nan, "direction": np.nan}])
+    c = pd.DataFrame([{"comparison": "AWARe vs full fine-tuning", "read": "retention", "level": np.nan,
+                       "diff": -10.0, "lo": -12.0, "hi": -8.0},
+                      {"comparison": "AWARe vs LoRA", "read": "retention", "level": np.nan,
+                       "diff": 2.0, "lo": -1.0, "hi": 5.0}])
+    return {"precision": p, "comparisons": c}
+
+
+@pytest.mark.parametrize("shift, lo, hi, says", [
+    (-0.5, -1.5, 0.5, "2 of 2 paired checks"),                        # nothing moved
+    (-4.0, -5.0, -3.0, "is smaller than every method difference"),    # moved, far below 8-12 pts
+    (-9.0, -11.0, -7.0, "may depend on the precision"),               # moved as much as a verdict
+])
+def test_the_precision_paragraph_is_computed_from_the_twins(shift, lo, hi, says):
+    from lab.experiments.aware.views import study as sv
+
+    text = sv.precision_summary(_precision_study(shift, lo, hi))
+    assert says in text
+    assert ("these do not" in text) == (hi < 0)
+    if hi < 0:    # the detected comparison is the one set against the shift, the undetected one never is
+        assert "AWARe vs full fine-tuning" in text and "AWARe vs LoRA" not in text

@@ -477,6 +477,49 @@ def precision(study: dict):
     return pd.DataFrame(rows)
 
 
+_PRECISION_MEASURES = {"downstream": "downstream accuracy", "R": "multimodal R", "R_probe": "text-probe R"}
+
+
+def precision_summary(study: dict) -> str:
+    """One paragraph on whether bf16 moved the front, computed from the paired float32 twins: which
+    (method, scale, measure) the intervals tell apart from zero, set against the smallest method
+    difference the comparisons detect (a shift of that size could decide a verdict)."""
+    p = study.get("precision")
+    if p is None or not len(p):
+        return "The float32 twins have not run yet: whether bf16 moves the front is not measured."
+    checks = p[p.metric.isin(list(_PRECISION_MEASURES))]
+    moved = checks[~checks.direction.eq("no difference detected")]
+    seeds = int(checks.seeds.min()) if len(checks) else 0
+    head = (f"bf16 against float32 on the same {seeds} seeds: {len(checks) - len(moved)} of {len(checks)} paired "
+            "checks (method x scale x measure) show no difference detected")
+    if not len(moved):
+        return head + "; at these seeds bf16 does not move the fronts."
+    unit = lambda m: "" if m == "downstream" else " pts"  # noqa: E731
+    shifts = "; ".join(f"{name(r.variant)} at scale {scale_str(r.scale)}, {_PRECISION_MEASURES[r.metric]} "
+                       f"{_fmt(r.diff, r.lo, r.hi, 3 if r.metric == 'downstream' else 1, signed=True)}{unit(r.metric)} "
+                       f"(bf16 {r.direction})" for r in moved.itertuples())
+    text = f"{head}; these do not: {shifts}."
+    c = study.get("comparisons")
+    r_moved = moved[moved.metric.eq("R")]
+    if c is not None and len(c) and len(r_moved) and {"level", "read", "diff", "lo", "hi"} <= set(c.columns):
+        mean = c[c.level.isna() & c.read.eq("retention")]     # each comparison's mean over the shared levels
+        detected = mean[(mean.lo > 0) | (mean.hi < 0)]
+        if len(detected):
+            small = detected.loc[detected["diff"].abs().idxmin()]
+            big = r_moved.loc[r_moved["diff"].abs().idxmax()]
+            # overlapping magnitudes: the shift's far end reaches the method difference's near end
+            reaches = max(abs(big.lo), abs(big.hi)) >= min(abs(small.lo), abs(small.hi))
+            text += (" Every compared run is bf16, so methods are set bf16 beside bf16; still, the largest R shift, "
+                     f"{_fmt(big['diff'], big.lo, big.hi, 1, signed=True)} pts, "
+                     + (f"overlaps in size the smallest method difference detected along the fronts "
+                        f"({small['comparison']}: {_fmt(small['diff'], small.lo, small.hi, 1, signed=True)} pts): a "
+                        "verdict of that size may depend on the precision, unless both methods shift alike."
+                        if reaches else
+                        f"is smaller than every method difference detected along the fronts (the smallest: "
+                        f"{small['comparison']}, {_fmt(small['diff'], small.lo, small.hi, 1, signed=True)} pts)."))
+    return text
+
+
 def tuning(study: dict):
     """The tuning seeds' validation runs (never test seeds): each variant's scales ranked."""
     t = study.get("tuning")
@@ -667,6 +710,14 @@ def takeaway(study: dict) -> str:
     if len(paper):
         counts = paper.groupby("finding", sort=False).verdict.agg(lambda v: ", ".join(dict.fromkeys(v)))
         text += " The paper's findings: " + "; ".join(f"{k} — {v}" for k, v in counts.items()) + "."
+    p = study.get("precision")
+    if p is not None and len(p):
+        r = p[p.metric.eq("R")]
+        moved = r[~r.direction.eq("no difference detected")]
+        text += (f" bf16 against float32 (section 6): multimodal R moved at {len(moved)} of the {len(r)} points "
+                 "checked" + (" — " + "; ".join(f"{name(x.variant)} at scale {scale_str(x.scale)}, "
+                                                f"{_fmt(x.diff, x.lo, x.hi, 1, signed=True)} pts"
+                                                for x in moved.itertuples()) if len(moved) else "") + ".")
     return text
 
 
@@ -752,7 +803,7 @@ def results_readme(study: dict) -> str:
              "## Verdicts", "", _md(findings(study)), "", "## Ablation variants' short fronts", "",
              _md(fronts_table(study, None).pipe(lambda d: d[~d.variant.isin([name(v) for v in COLORS])]
                                                 if "variant" in d else d)), "",
-             "## bf16 against float32", "", _md(precision(study)), "",
+             "## bf16 against float32", "", _md(precision(study)), "", precision_summary(study), "",
              "## Continual sequence", "", _md(continual_learned(study)), "", _md(continual_table(study)), "",
              _md(continual_comparisons(study)), "",
              "## Tuning seeds (validation runs)", "", _md(tuning(study)), ""]
