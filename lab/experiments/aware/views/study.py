@@ -480,6 +480,12 @@ def precision(study: dict):
 _PRECISION_MEASURES = {"downstream": "downstream accuracy", "R": "multimodal R", "R_probe": "text-probe R"}
 
 
+def _moved(p, metrics) -> "pd.DataFrame":
+    """The float32-twin checks of ``metrics`` whose interval tells bf16 from float32."""
+    rows = p[p.metric.isin(list(metrics))]
+    return rows[~rows.direction.eq("no difference detected")]
+
+
 def precision_summary(study: dict) -> str:
     """One paragraph on whether bf16 moved the front, computed from the paired float32 twins: which
     (method, scale, measure) the intervals tell apart from zero, set against the smallest method
@@ -487,8 +493,7 @@ def precision_summary(study: dict) -> str:
     p = study.get("precision")
     if p is None or not len(p):
         return "The float32 twins have not run yet: whether bf16 moves the front is not measured."
-    checks = p[p.metric.isin(list(_PRECISION_MEASURES))]
-    moved = checks[~checks.direction.eq("no difference detected")]
+    checks, moved = p[p.metric.isin(list(_PRECISION_MEASURES))], _moved(p, _PRECISION_MEASURES)
     seeds = int(checks.seeds.min()) if len(checks) else 0
     head = (f"bf16 against float32 on the same {seeds} seeds: {len(checks) - len(moved)} of {len(checks)} paired "
             "checks (method x scale x measure) show no difference detected")
@@ -712,8 +717,7 @@ def takeaway(study: dict) -> str:
         text += " The paper's findings: " + "; ".join(f"{k} — {v}" for k, v in counts.items()) + "."
     p = study.get("precision")
     if p is not None and len(p):
-        r = p[p.metric.eq("R")]
-        moved = r[~r.direction.eq("no difference detected")]
+        r, moved = p[p.metric.eq("R")], _moved(p, ["R"])
         text += (f" bf16 against float32 (section 6): multimodal R moved at {len(moved)} of the {len(r)} points "
                  "checked" + (" — " + "; ".join(f"{name(x.variant)} at scale {scale_str(x.scale)}, "
                                                 f"{_fmt(x.diff, x.lo, x.hi, 1, signed=True)} pts"
