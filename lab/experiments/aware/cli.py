@@ -627,7 +627,8 @@ def cmd_study(args) -> int:
 
             d = "" if not r["seeds"] else f"{r['diff']:+.1f} pts (one seed), " if math.isnan(r["lo"]) else \
                 f"{r['diff']:+.1f} [{r['lo']:+.1f}, {r['hi']:+.1f}] pts, "
-            print(f"  {r['finding']} ({r['b'].split('/')[-1]}): {d}{r['verdict']}")
+            other = "" if r.get("read", "R at").startswith("R at") else f" [{r['read']}]"
+            print(f"  {r['finding']} ({r['b'].split('/')[-1]}){other}: {d}{r['verdict']}")
     m = res["manifest"]
     regen = (m.get("regenerations") or [{}])[-1] if args.tables_only else {}
     print(f"\nwall time {regen.get('wall_s', m['wall_s']):.0f}s; tables and manifest.json in {res['out']}")

@@ -43,3 +43,26 @@ def test_easy_vqa_kinds_and_r_over_kinds():
     assert m["downstream"] == 1.0
     assert m["R:yes/no"] == 50.0 and m["R:shape"] == 100.0 and m["R:colour"] == 50.0
     assert np.isclose(m["R"], (50 + 100 + 50) / 3) and m["R_probe"] == 50.0
+
+
+def test_a_finding_without_a_shared_downstream_range_is_read_at_matched_retention():
+    import pandas as pd
+
+    from lab.experiments.aware.study import tables as T
+
+    # a: learns little to much; b: its kept rates all learn more than 0.5 but never reach 0.6 on seed 2,
+    # so no downstream level is shared on every seed, while retention 50-70 is: b learns less there
+    rows = []
+    for s in range(3):
+        for scale, (d, r) in enumerate([(0.15, 98.0), (0.45, 85.0), (0.65, 70.0 + s), (0.75, 45.0)]):
+            rows.append({"variant": "methods/aware", "seed": s, "scale": scale, "downstream": d, "R": r})
+        for scale, (d, r) in enumerate([(0.52 + s / 100, 72.0), (0.58 + s / 100, 40.0)]):
+            rows.append({"variant": "targets/x", "seed": s, "scale": scale + 1, "downstream": d, "R": r})
+    comps = T.compare_rows(pd.DataFrame(rows), "AWARe vs targets/x", "methods/aware", "targets/x", (0, 1, 2))
+    v, diff, lo, hi, k, read = T.finding_verdict(comps, "higher")
+    assert read == T.DOWNSTREAM_READ and k == 3 and diff > 0 and lo > 0 and v == "reproduced"
+    # a claim about retention itself keeps its own read: nothing to compare
+    v, diff, *_, read = T.finding_verdict(comps, "higher", either_read=False)
+    assert v.startswith("not comparable") and math.isnan(diff) and read == T.RETENTION_READ
+    # an equivalence margin is in R points: no second read either
+    assert T.finding_verdict(comps, "equivalent")[0].startswith("not comparable")

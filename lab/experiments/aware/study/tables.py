@@ -176,14 +176,30 @@ def compare_rows(runs, name: str, a: str, b: str, seeds) -> list[dict]:
     return out
 
 
-def finding_verdict(rows, claim: str) -> tuple[str, float, float, float, int]:
-    """A claim's verdict from the ``level=None`` (mean over shared levels) retention row of a comparison:
-    ``(verdict, diff, lo, hi, seeds)``."""
-    r = next((r for r in rows if r["read"] == "retention" and _nan(r["level"]) and "diff" in r
-              and not _nan(r.get("diff"))), None)
+RETENTION_READ = "R at matched downstream accuracy"
+DOWNSTREAM_READ = "downstream accuracy (points) at matched R"
+
+
+def finding_verdict(rows, claim: str, *, either_read: bool = True) -> tuple[str, float, float, float, int, str]:
+    """A claim's verdict from the ``level=None`` (mean over shared levels) row of a comparison:
+    ``(verdict, diff, lo, hi, seeds, read)``.
+
+    The claim is read as retention at matched downstream accuracy. Where the two fronts share no
+    downstream level on every seed (a variant whose kept rates all learn more than the other's
+    smallest, say) a "higher" claim is read the other way, as downstream accuracy at matched R
+    (in points, x100): a front that learns more at the same retention dominates just the same. An
+    "equivalent" claim's margin is in R points, so it has no such second read; nor has a claim that
+    names retention itself (``either_read=False``)."""
+    def mean_row(read):
+        return next((r for r in rows if r["read"] == read and _nan(r["level"]) and "diff" in r
+                     and not _nan(r.get("diff"))), None)
+
+    r, read, k = mean_row("retention"), RETENTION_READ, 1.0
+    if r is None and claim == "higher" and either_read:
+        r, read, k = mean_row("downstream"), DOWNSTREAM_READ, 100.0
     if r is None:
-        return "not comparable (no shared downstream range)", math.nan, math.nan, math.nan, 0
-    lo, hi = r["lo"], r["hi"]
+        return "not comparable (no shared downstream range)", math.nan, math.nan, math.nan, 0, RETENTION_READ
+    diff, lo, hi = r["diff"] * k, r["lo"] * k, r["hi"] * k
     if claim == "equivalent":
         if _nan(lo):
             v = "not enough seeds"
@@ -195,7 +211,7 @@ def finding_verdict(rows, claim: str) -> tuple[str, float, float, float, int]:
             v = "no difference detected" if lo <= 0 <= hi else f"{stats.direction(lo, hi)}, within the +-{EQUIVALENCE_R:g} margin's reach"
     else:
         v = stats.verdict(lo, hi, expect=claim)
-    return v, r["diff"], lo, hi, r["seeds"]
+    return v, diff, lo, hi, r["seeds"], read
 
 
 def _nan(x) -> bool:
@@ -325,22 +341,22 @@ def build(env, res: Mapping) -> dict:
     by = {n: g.to_dict("records") for n, g in comps.groupby("comparison")} if len(comps) else {}
     ran = set(runs.variant) if not runs.empty else set()
 
-    def verdict_of(rows, claim, a, b):
+    def verdict_of(rows, claim, a, b, either_read=True):
         missing = [x for x in (a, b) if x not in ran]
         if missing:
-            return f"not run yet ({', '.join(missing)})", math.nan, math.nan, math.nan, 0
-        return finding_verdict(rows, claim)
+            return f"not run yet ({', '.join(missing)})", math.nan, math.nan, math.nan, 0, RETENTION_READ
+        return finding_verdict(rows, claim, either_read=either_read)
 
     for finding, claim, pairs in FINDINGS:
         for a, b in pairs:
-            v, d, lo, hi, k = verdict_of(by.get(f"AWARe vs {b}", []), claim, a, b)
-            find.append({"finding": finding, "claim": claim, "a": a, "b": b, "read": "R at matched downstream accuracy",
+            v, d, lo, hi, k, read = verdict_of(by.get(f"AWARe vs {b}", []), claim, a, b)
+            find.append({"finding": finding, "claim": claim, "a": a, "b": b, "read": read,
                          "seeds": k, "diff": d, "lo": lo, "hi": hi, "verdict": v})
     for name, a, b in METHOD_PAIRS:
         if a == REFERENCE:
-            v, d, lo, hi, k = verdict_of(by.get(name, []), "higher", a, b)
+            v, d, lo, hi, k, read = verdict_of(by.get(name, []), "higher", a, b, either_read=False)
             find.append({"finding": f"AWARe retains more than {name.split(' vs ', 1)[1]} at matched downstream accuracy",
-                         "claim": "higher", "a": a, "b": b, "read": "R at matched downstream accuracy", "seeds": k,
+                         "claim": "higher", "a": a, "b": b, "read": read, "seeds": k,
                          "diff": d, "lo": lo, "hi": hi, "verdict": v})
     out["findings"] = pd.DataFrame(find)
     out["tuning"] = pd.DataFrame(res.get("tuning_rows", []))

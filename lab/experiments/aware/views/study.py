@@ -29,6 +29,13 @@ def _fmt(estimate, lo, hi, digits: int = 1, *, signed: bool = False) -> str:
     return f"{f(e)} [{f(a)}, {f(b)}]"
 
 REFERENCE = "methods/aware"      # main AWARe: rho 0.3, activation-global, q/k/v + projector, 200 upstream samples
+# how a row of findings.csv is read (the rule lives in study/tables.py: finding_verdict, EQUIVALENCE_R = 5)
+VERDICT_RULE = ("Each claim is read off the fronts as upstream retention at matched downstream accuracy: the mean, over the "
+                "downstream levels that every seed of both fronts reaches, of the paired per-seed difference. Where two "
+                "fronts share no such level, a claim that one beats the other is read the other way, as downstream "
+                "accuracy (in points) at matched retention. *Reproduced*: the 95 % interval lies on the claim's side of "
+                "zero (for \"almost as good\": wholly within ±5 R points); *contradicted*: on the other side (beyond "
+                "±5); *no difference detected*: it spans zero.")
 GROUP_TITLES = {"methods": "methods", "rule": "selection rule", "rho": "rho (fraction of rows frozen)",
                 "targets": "target layers", "calibration": "calibration set", "calib_size": "calibration size"}
 NAMES = {REFERENCE: "AWARe (rho 0.3)", "methods/full": "full fine-tuning", "methods/lora": "LoRA",
@@ -75,7 +82,7 @@ COLUMNS = {"runs.csv": ("variant", "group", "label", "method", "scale", "lr", "s
            "fronts.csv": ("variant", "group", "scale", "lr", "lr_projector", "seeds", "downstream", "downstream_lo",
                           "downstream_hi", "R", "R_lo", "R_hi", "learned"),
            "comparisons.csv": ("comparison", "a", "b", "read", "level", "seeds", "direction"),
-           "findings.csv": ("finding", "claim", "a", "b", "seeds", "diff", "lo", "hi", "verdict"),
+           "findings.csv": ("finding", "claim", "a", "b", "read", "seeds", "diff", "lo", "hi", "verdict"),
            "baselines.csv": ("set", "reference", "acc", "n")}
 
 
@@ -450,7 +457,8 @@ def findings(study: dict):
     for r in f.itertuples():
         ok = _finite(r.diff)
         rows.append({"claim": r.finding, "compared": f"{name(r.a)} − {name(r.b)}", "seeds": int(r.seeds),
-                     "R difference at matched downstream (pts) [95 %]": _fmt(r.diff, r.lo, r.hi, 1, signed=True) if ok else "",
+                     "read off the fronts": r.read,
+                     "difference (points) [95 %]": _fmt(r.diff, r.lo, r.hi, 1, signed=True) if ok else "",
                      "verdict": r.verdict})
     return pd.DataFrame(rows)
 
@@ -713,7 +721,10 @@ def takeaway(study: dict) -> str:
     text = "Read along the learning-rate fronts, " + "; ".join(words) + "."
     paper = f[~f.b.str.startswith("methods/")]
     if len(paper):
-        counts = paper.groupby("finding", sort=False).verdict.agg(lambda v: ", ".join(dict.fromkeys(v)))
+        said = paper.verdict.where(paper["read"].astype(str).str.startswith("R at"),
+                                   paper.verdict + " (read as downstream accuracy at matched retention: the fronts "
+                                                   "share no downstream range)")
+        counts = said.groupby(paper.finding, sort=False).agg(lambda v: ", ".join(dict.fromkeys(v)))
         text += " The paper's findings: " + "; ".join(f"{k} — {v}" for k, v in counts.items()) + "."
     p = study.get("precision")
     if p is not None and len(p):
@@ -739,8 +750,9 @@ def readme_section(study: dict) -> str:
     its generated tables are (``results/aware/README.md``)."""
     m = study["manifest"]
     cfg = m["config"]
-    state = ("complete" if m.get("complete", True) else
-             "in progress: the tables cover the runs finished so far, and `lab aware study --status` says how far it is")
+    state = ("It is complete: every planned run finished." if m.get("complete", True) else
+             "Right now it is in progress: the tables cover the runs finished so far, and `lab aware study --status` "
+             "says how far it is.")
     scales = ", ".join(scale_str(x) for x in cfg["scales"])
     parts = [README_HEADING, "",
              f"The shipped study traces each method's *learning-rate front* on the mini-LLaVA: `{cfg['task']}` questions, "
@@ -749,7 +761,7 @@ def readme_section(study: dict) -> str:
              f"variant runs its {cfg['keep']} best scales (chosen on tuning seeds {cfg['tune_seeds']}, never test "
              f"seeds) on {cfg['ablation_seeds']} test seeds. Methods are compared where their fronts meet: upstream "
              "retention at matched downstream accuracy, paired by seed with 95 % t-intervals. The generated tables are "
-             f"in `results/aware/README.md`; notebook 04 draws them. Right now it is {state}.", "",
+             f"in `results/aware/README.md`; notebook 04 draws them. {state}" + _readme_headline(study), "",
              "```bash",
              "lab aware study --status          # what is finished and what is left (nothing runs)",
              "lab aware study --executor ray    # resume on every core: only the missing runs run",
@@ -762,12 +774,27 @@ def readme_section(study: dict) -> str:
     return "\n".join(parts)   # ends with a blank line: the README's next section starts apart
 
 
+def _readme_headline(study: dict) -> str:
+    """The methods' verdicts in one sentence (empty before any is computed)."""
+    f = study.get("findings")
+    if f is None or not len(f):
+        return ""
+    rows = [r for r in f.itertuples() if r.a == REFERENCE and r.b.startswith("methods/") and _finite(r.diff)]
+    if not rows:
+        return ""
+    return (" The claim that AWARe retains more, read as AWARe minus each method, upstream retention at matched "
+            "downstream accuracy (points, 95 % t-interval, "
+            f"{int(rows[0].seeds)} seeds): " + "; ".join(f"{name(r.b)} {_fmt(r.diff, r.lo, r.hi, 1, signed=True)}, {r.verdict}"
+                                                         for r in rows) + ".")
+
+
 def _readme_cost(m: dict) -> str:
     r = m.get("runs")
     if not r or not r.get("count"):
         return ""
     run_h, wall_h, where = _spent(r)
-    words = (f" Its {r['count']} runs so far took {run_h} of summed run time and {wall_h} of wall clock "
+    so_far = " so far" if not m.get("complete", True) else ""
+    words = (f" Its {r['count']} runs{so_far} took {run_h} of summed run time and {wall_h} of wall clock "
              f"with at least one running, on {where}")
     if r.get("budget_s"):
         words += f" (budget {r['budget_s'] / 3600:.0f} h of the machine)"
@@ -804,7 +831,7 @@ def results_readme(study: dict) -> str:
              "## Comparisons read off the fronts", "", "R difference at matched downstream accuracy:", "",
              _md(comparisons(study, read="retention")), "", "Downstream difference at matched R:", "",
              _md(comparisons(study, read="downstream")), "",
-             "## Verdicts", "", _md(findings(study)), "", "## Ablation variants' short fronts", "",
+             "## Verdicts", "", VERDICT_RULE, "", _md(findings(study)), "", "## Ablation variants' short fronts", "",
              _md(fronts_table(study, None).pipe(lambda d: d[~d.variant.isin([name(v) for v in COLORS])]
                                                 if "variant" in d else d)), "",
              "## bf16 against float32", "", _md(precision(study)), "", precision_summary(study), "",
