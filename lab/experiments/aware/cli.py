@@ -686,6 +686,30 @@ def _refuse_preset_mismatch(out, preset: str) -> None:
                     + (f" (it was made with --preset {others[0]})" if others else " (a custom configuration)"))
 
 
+def _stored_threads(out, key: str | None) -> None:
+    """Use the torch thread count the checked run was recorded with from the start, before the shared
+    model and its frozen parts (the vision tower's tokens, cached) are computed: a float sum split over
+    another number of threads rounds differently in its last bits, and under bf16 training that moves
+    the first step's loss. ``key`` None: the study's runs, when they all used one count (the
+    manifest's ``runs.machines``)."""
+    import re
+
+    import torch
+
+    from lab._io import read_json
+
+    try:
+        if key:
+            machines = [read_json(out / "runs" / f"{key}.json").get("machine", "")]
+        else:
+            machines = (read_json(out / "manifest.json").get("runs") or {}).get("machines") or []
+    except Exception:   # an unknown run or an unreadable manifest: the check itself says so
+        return
+    counts = {int(m.group(1)) for m in (re.search(r"(\d+) torch threads", str(s)) for s in machines) if m}
+    if len(counts) == 1:
+        torch.set_num_threads(counts.pop())
+
+
 def cmd_check(args) -> int:
     from pathlib import Path
 
@@ -702,6 +726,7 @@ def cmd_check(args) -> int:
         raise V.bad("--out", args.out, "holds no study runs (no runs/ folder); run `lab aware study` first")
     _refuse_preset_mismatch(out, args.preset)
     _threads()
+    _stored_threads(out, args.run)
     from lab.experiments.aware.study import runner
     from lab.experiments.aware.views.study import seed_caches
 

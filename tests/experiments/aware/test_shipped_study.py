@@ -27,8 +27,9 @@ def study():
 
 def test_manifest_lists_exactly_the_files_shipped_and_its_provenance(study):
     m = study["manifest"]
+    # .study.lock: the lock any `lab aware study` here takes (git ignores it)
     shipped_files = sorted(p.name for p in STUDY.iterdir() if p.is_file() and not p.name.endswith(".sha256")
-                           and p.name != "README.md")
+                           and p.name not in ("README.md", ".study.lock"))
     assert sorted(m["tables"] + ["manifest.json"]) == shipped_files
     assert m["command"].startswith("lab aware study")
     assert len(m["sources"]["sha256"]) == 64 and m["sources"]["files"]
