@@ -625,9 +625,11 @@ def cmd_study(args) -> int:
         for r in f.to_dict("records"):
             import math
 
+            from lab.experiments.aware.study.tables import RETENTION_READ
+
             d = "" if not r["seeds"] else f"{r['diff']:+.1f} pts (one seed), " if math.isnan(r["lo"]) else \
                 f"{r['diff']:+.1f} [{r['lo']:+.1f}, {r['hi']:+.1f}] pts, "
-            other = "" if r.get("read", "R at").startswith("R at") else f" [{r['read']}]"
+            other = "" if r["read"] == RETENTION_READ else f" [{r['read']}]"
             print(f"  {r['finding']} ({r['b'].split('/')[-1]}){other}: {d}{r['verdict']}")
     m = res["manifest"]
     regen = (m.get("regenerations") or [{}])[-1] if args.tables_only else {}

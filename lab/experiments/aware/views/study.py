@@ -721,7 +721,9 @@ def takeaway(study: dict) -> str:
     text = "Read along the learning-rate fronts, " + "; ".join(words) + "."
     paper = f[~f.b.str.startswith("methods/")]
     if len(paper):
-        said = paper.verdict.where(paper["read"].astype(str).str.startswith("R at"),
+        from lab.experiments.aware.study.tables import RETENTION_READ
+
+        said = paper.verdict.where(paper["read"].eq(RETENTION_READ),
                                    paper.verdict + " (read as downstream accuracy at matched retention: the fronts "
                                                    "share no downstream range)")
         counts = said.groupby(paper.finding, sort=False).agg(lambda v: ", ".join(dict.fromkeys(v)))
